@@ -1,0 +1,33 @@
+# `make demo` and `make test` each set up .venv on a fresh machine (Python 3.11 and the
+# package registries are all they need), then run.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) pyproject.toml constraints.txt
+	$(PY) -m pip install --quiet --upgrade "pip>=25.1"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[torch,demo]" --group dev
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/rosenbrock.py
+
+test: $(STAMP)
+	$(PY) -m ruff check warpbridge tests benchmarks examples
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check warpbridge tests benchmarks examples
+	$(PY) -m ruff format --check warpbridge tests benchmarks examples
+
+bench: $(STAMP)
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

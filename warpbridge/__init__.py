@@ -1,0 +1,13 @@
+"""warpbridge: any NVIDIA Warp kernel as a differentiable operator in PyTorch (and NumPy).
+
+Importing warpbridge imports Warp and NumPy, never a deep-learning framework: adapters are
+loaded when an argument of their framework arrives.
+"""
+
+from ._errors import WarpBridgeError as WarpBridgeError
+from ._op import WarpOp as WarpOp
+from ._op import op as op
+
+__version__ = "0.1.0"
+
+__all__ = ["WarpBridgeError", "WarpOp", "__version__", "op"]

@@ -1,0 +1,203 @@
+"""WarpOp: the user-facing callable. It validates nothing framework-specific itself: it
+finds the caller's framework from the arguments' types and hands over to that adapter."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+import threading
+from typing import Any
+
+import warp as wp
+
+from . import _plan
+from ._errors import WarpBridgeError, describe, fail
+from ._signature import Signature
+
+# Adapter modules by the top-level module of the array type they serve. An adapter is
+# imported only when an argument of its framework arrives, so warpbridge never imports a
+# framework the caller has not imported.
+_ADAPTERS = {"torch": "warpbridge._torch", "numpy": "warpbridge._numpy"}
+_LOADED: dict[str, Any] = {}  # a plain dict lookup, which torch.compile can trace (imports it cannot)
+_BY_TYPE: dict[type, Any] = {}  # array type -> adapter module, filled on first sight
+
+
+class WarpOp:
+    """A Warp kernel (or launch function) callable with framework arrays. See :func:`op`."""
+
+    def __init__(
+        self,
+        fn: Any,
+        *,
+        num_outputs: int = 1,
+        launch_dims: Any = None,
+        output_dims: Any = None,
+        name: str | None = None,
+    ):
+        name = _default_name(fn) if name is None else name
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise WarpBridgeError(f"op(): name must be a Python identifier, got {name!r}")
+        _plan.ensure_init()
+        self.name = name
+        self.sig = Signature(fn, num_outputs, name)
+        self.launch_dims = _plan.normalize_dims(name, "launch_dims", launch_dims)
+        self.output_dims = _plan.normalize_output_dims(name, self.sig, output_dims)
+        self._packers = tuple(_plan.make_scalar_packer(name, p) for p in self.sig.inputs if not p.is_array)
+        self._scalar_packers = tuple(zip(self._packers, (p.position for p in self.sig.inputs if not p.is_array)))
+        self._plans: dict[Any, _plan.Plan] = {}
+        self._torch_op = None
+        self._fast: dict[Any, Any] = {}  # adapters' per-layout cache of validated calls
+        self._array_positions = tuple(p.position for p in self.sig.array_inputs)
+        self._lock = threading.Lock()
+        self.__doc__ = getattr(fn, "__doc__", None) or f"warpbridge op wrapping {name}."
+        self.__wrapped__ = fn
+        if "torch" in sys.modules:
+            # Register now so that the first call inside torch.compile finds the op ready:
+            # registration itself cannot be traced.
+            _ = self.torch_op
+
+    @property
+    def fn(self) -> Any:
+        """The wrapped kernel or function."""
+        return self.sig.target
+
+    @property
+    def torch_op(self) -> Any:
+        """The registered ``torch.ops.warpbridge.<name>`` custom op (for opcheck and export)."""
+        if self._torch_op is None:
+            from . import _torch
+            from ._torch import _library
+
+            _LOADED["torch"] = _torch
+            with self._lock:
+                if self._torch_op is None:
+                    self._torch_op = _library.register(self)
+        return self._torch_op
+
+    def __call__(self, *args: Any, launch_dims: Any = None, output_dims: Any = None) -> Any:
+        """Run the op on framework arrays; see :func:`warpbridge.op`."""
+        return _adapter(self, args).call(self, args, launch_dims, output_dims)
+
+    def __repr__(self) -> str:
+        ins = ", ".join(p.name for p in self.sig.inputs)
+        outs = ", ".join(p.name for p in self.sig.outputs)
+        return f"WarpOp({self.name}: ({ins}) -> ({outs}), {self.sig.kind})"
+
+    # -- framework-neutral helpers for the adapters ---------------------------------------
+
+    def check_arity(self, args: tuple) -> None:
+        n = len(self.sig.inputs)
+        if len(args) != n:
+            names = ", ".join(p.name for p in self.sig.inputs)
+            raise fail(self.name, f"expected {n} input(s) ({names}), got {len(args)}")
+
+    def dims(self, launch_dims: Any, output_dims: Any) -> tuple[Any, Any]:
+        """Per-call dims take precedence over the ones given at construction."""
+        ld = (
+            _plan.normalize_dims(self.name, "launch_dims", launch_dims) if launch_dims is not None else self.launch_dims
+        )
+        od = self.output_dims
+        if output_dims is not None:
+            od = _plan.normalize_output_dims(self.name, self.sig, output_dims)
+            if isinstance(od, dict) and isinstance(self.output_dims, dict):
+                od = {**self.output_dims, **od}
+        return ld, od
+
+    def plan(self, device: Any, layouts: tuple, launch_dims: Any, output_dims: Any) -> _plan.Plan:
+        first = layouts[0][0] if layouts else None
+        launch, out_shapes = _plan.resolve_dims(self.name, self.sig, first, launch_dims, output_dims)
+        key = (device.alias, layouts, launch, out_shapes)  # wp.Device is not hashable
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = _plan.Plan(self.sig, device, layouts, launch, out_shapes)
+            self._plans[key] = plan
+        return plan
+
+
+def _default_name(fn: Any) -> str:
+    raw = fn.key if isinstance(fn, wp.Kernel) else getattr(fn, "__name__", "op")
+    return re.sub(r"\W", "_", str(raw)) or "op"
+
+
+def _adapter(op: WarpOp, args: tuple) -> Any:
+    mod = None
+    for i in op._array_positions:
+        if i >= len(args):
+            break
+        m = _BY_TYPE.get(type(args[i]))
+        if m is None or (mod is not None and m is not mod):
+            return _find_adapter(op, args)
+        mod = m
+    return mod if mod is not None else _find_adapter(op, args)
+
+
+def _find_adapter(op: WarpOp, args: tuple) -> Any:
+    found = None
+    for p in op.sig.array_inputs:
+        if p.position >= len(args):
+            break
+        a = args[p.position]
+        top = type(a).__module__.partition(".")[0]
+        if top not in _ADAPTERS:
+            raise fail(
+                op.name,
+                f"argument '{p.name}' must be an array ({p.describe_type()}) of a supported framework "
+                f"({', '.join(_ADAPTERS)}), got {describe(a)}",
+            )
+        if found is not None and top != found:
+            raise fail(op.name, f"all arrays must come from one framework, got {found} and {top} (argument '{p.name}')")
+        found = top
+    if found is None:  # no array input: take the framework the caller has loaded
+        found = "torch" if "torch" in sys.modules else "numpy"
+    mod = _LOADED.get(found)
+    if mod is None:
+        mod = _LOADED[found] = importlib.import_module(_ADAPTERS[found])
+    for i in op._array_positions:
+        if i < len(args):
+            _BY_TYPE[type(args[i])] = mod
+    return mod
+
+
+def op(
+    fn: Any = None,
+    *,
+    num_outputs: int = 1,
+    launch_dims: Any = None,
+    output_dims: Any = None,
+    name: str | None = None,
+) -> Any:
+    """Turn a Warp kernel, or a function that launches kernels, into a differentiable operator.
+
+    Args:
+        fn: a ``wp.Kernel``, or a Python function whose parameters are annotated with Warp
+            array/scalar types and which launches one or more kernels (the ``jax_callable``
+            convention). Inputs come first; the last ``num_outputs`` parameters are outputs,
+            allocated zeroed by the op.
+        num_outputs: how many trailing parameters are outputs.
+        launch_dims: launch dims (int or tuple); default: the Warp shape of the first array
+            input. Overridable per call.
+        output_dims: output Warp shape(s): one tuple for all outputs or a dict keyed by output
+            name; default: the launch dims. Overridable per call.
+        name: the op's name (``torch.ops.warpbridge.<name>``); default: the kernel's key.
+
+    Returns:
+        A :class:`WarpOp`; without ``fn``, a decorator that makes one.
+
+    Raises:
+        WarpBridgeError: the kernel or function cannot be wrapped (unsupported parameter
+            types, outputs that are not arrays, a kernel that writes its inputs).
+
+    Example::
+
+        @wb.op
+        @wp.kernel
+        def square(x: wp.array(dtype=float), y: wp.array(dtype=float)):
+            i = wp.tid()
+            y[i] = x[i] * x[i]
+
+        y = square(torch.arange(4.0, requires_grad=True))  # tensor([0., 1., 4., 9.])
+    """
+    if fn is None:
+        return lambda f: WarpOp(f, num_outputs=num_outputs, launch_dims=launch_dims, output_dims=output_dims, name=name)
+    return WarpOp(fn, num_outputs=num_outputs, launch_dims=launch_dims, output_dims=output_dims, name=name)

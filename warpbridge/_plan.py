@@ -1,0 +1,497 @@
+"""The framework-neutral core of a call: validate arrays, resolve dims, launch.
+
+Adapters describe each array as an :class:`ArrayArg` (pointer, dtype name, shape and
+byte strides); this module checks it against the :class:`~warpbridge._signature.Param`,
+resolves launch and output dims, and launches the forward or adjoint kernel through a
+:class:`Plan` cached per (device, input layouts, dims). A plan depends only on the kernel
+and on shapes, never on data pointers: memory is reused for other shapes and dtypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import warp as wp
+
+from ._errors import WarpBridgeError, fail
+from ._errors import describe as describe_value
+from ._signature import Param, Signature
+
+_array_t = wp._src.types.array_t
+_MAX_DIMS = 4
+_INT32_MAX = 2**31 - 1
+_ITEMSIZE = {
+    "float16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
+    "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
+}  # fmt: skip
+_INIT_LOCK = threading.Lock()
+
+
+def ensure_init() -> None:
+    """Initialise Warp once (wp.from_paddle and friends fail before wp.init())."""
+    if not wp._src.context.runtime:
+        with _INIT_LOCK:
+            if not wp._src.context.runtime:
+                # warpbridge's own init skips Warp's greeting; warnings still show.
+                level = wp.config.log_level
+                wp.config.log_level = max(level, wp.LOG_WARNING)
+                try:
+                    wp.init()
+                finally:
+                    wp.config.log_level = level
+
+
+class ArrayArg(NamedTuple):
+    """An array handed over by an adapter: everything Warp needs, nothing framework-specific."""
+
+    ptr: int
+    dtype_name: str
+    shape: tuple[int, ...]  # the framework's full shape, trailing vector/matrix dims included
+    strides: tuple[int, ...]  # in bytes, one per dim of `shape`
+
+
+def check_array(op: str, p: Param, a: ArrayArg) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Validate ``a`` against ``p``; return its Warp shape and Warp byte strides."""
+    if a.dtype_name != p.dtype_name:
+        raise fail(
+            op, f"argument '{p.name}' must have dtype {p.dtype_name}, got {a.dtype_name} (warpbridge never casts)"
+        )
+    if len(a.shape) != p.tensor_ndim:
+        inner = f" ({p.ndim} array dims + trailing {p.inner_shape})" if p.inner_shape else ""
+        raise fail(op, f"argument '{p.name}' must be {p.tensor_ndim}-D{inner}, got shape {tuple(a.shape)}")
+    if p.inner_shape and tuple(a.shape[p.ndim :]) != p.inner_shape:
+        raise fail(
+            op,
+            f"argument '{p.name}' must have trailing dims {p.inner_shape} for its Warp dtype, got shape {tuple(a.shape)}",
+        )
+    return tuple(a.shape[: p.ndim]), tuple(a.strides[: p.ndim])
+
+
+def inner_contiguous(p: Param, shape: Sequence[int], strides_elems: Sequence[int]) -> bool:
+    """Whether the vector/matrix dims are packed as Warp needs (outer dims may be strided)."""
+    expected = 1
+    for k in range(len(p.inner_shape) - 1, -1, -1):
+        d = p.ndim + k
+        if shape[d] > 1 and strides_elems[d] != expected:
+            return False
+        expected *= p.inner_shape[k]
+    return True
+
+
+def normalize_dims(op: str, what: str, dims: Any) -> tuple[int, ...] | None:
+    if dims is None:
+        return None
+    if isinstance(dims, bool):
+        raise fail(op, f"{what} must be an int or a tuple of ints, got {dims!r}")
+    if isinstance(dims, int):
+        dims = (dims,)
+    try:
+        out = tuple(dims)
+    except TypeError:
+        raise fail(op, f"{what} must be an int or a tuple of ints, got {dims!r}") from None
+    if not 1 <= len(out) <= _MAX_DIMS or not all(_is_dim(d) for d in out):
+        raise fail(op, f"{what} must be 1 to {_MAX_DIMS} non-negative ints, got {dims!r}")
+    return out
+
+
+def _is_dim(d: Any) -> bool:
+    if isinstance(d, bool):
+        return False
+    if isinstance(d, int):
+        return d >= 0
+    # torch.SymInt under torch.compile(dynamic=True): accept without forcing a guard.
+    return type(d).__name__ == "SymInt"
+
+
+def normalize_output_dims(op: str, sig: Signature, output_dims: Any) -> Any:
+    """``None``, one dims tuple for every output, or a dict {output name: dims}."""
+    if output_dims is None:
+        return None
+    if isinstance(output_dims, dict):
+        names = [p.name for p in sig.outputs]
+        unknown = [k for k in output_dims if k not in names]
+        if unknown:
+            raise fail(op, f"output_dims names unknown output(s) {unknown}; the outputs are {names}")
+        return {k: normalize_dims(op, f"output_dims['{k}']", v) for k, v in output_dims.items()}
+    return normalize_dims(op, "output_dims", output_dims)
+
+
+def resolve_dims(
+    op: str, sig: Signature, first_shape: tuple[int, ...] | None, launch_dims: Any, output_dims: Any
+) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """Launch dims and each output's Warp shape, from per-call or construction-time settings."""
+    launch = launch_dims
+    if launch is None:
+        if first_shape is None:
+            raise fail(op, "the op has no array input to take launch dims from: pass launch_dims")
+        launch = first_shape
+    out_shapes = []
+    for p in sig.outputs:
+        dims = output_dims.get(p.name) if isinstance(output_dims, dict) else output_dims
+        dims = launch if dims is None else dims
+        if len(dims) != p.ndim:
+            src = (
+                "output_dims"
+                if (output_dims is not None and dims is not launch)
+                else f"the launch dims {tuple(launch)}"
+            )
+            raise fail(
+                op,
+                f"output '{p.name}' is a {p.ndim}-D array but {src} give {len(dims)} dims; "
+                f"pass output_dims={{'{p.name}': <{p.ndim} ints>}}",
+            )
+        out_shapes.append(tuple(dims))
+    return tuple(launch), tuple(out_shapes)
+
+
+def contiguous_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
+    strides, acc = [], itemsize
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+def make_scalar_packer(op: str, p: Param):
+    """A converter from a Python value to what the kernel's ctypes field takes, checked."""
+    name = p.dtype_name
+    if p.inner_shape:
+        n = math.prod(p.inner_shape)
+
+        def pack_composite(v: Any) -> Any:
+            try:
+                flat = [float(x) if p.is_float else int(x) for x in _flatten(v)]
+            except TypeError:
+                flat = None
+            if flat is None or len(flat) != n:
+                raise fail(
+                    op, f"argument '{p.name}' must be a sequence of {n} numbers for {p.describe_type()}, got {v!r}"
+                )
+            return p.wp_type(*flat)
+
+        return pack_composite
+    if name == "bool":
+
+        def pack_bool(v: Any) -> bool:
+            if not isinstance(v, bool):
+                raise fail(op, f"argument '{p.name}' must be a bool, got {type(v).__name__} {v!r}")
+            return v
+
+        return pack_bool
+    if p.is_float:
+
+        def pack_float(v: Any) -> Any:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise fail(op, f"argument '{p.name}' must be a Python number ({name} scalar), got {_what(v)}")
+            # float16 fields hold raw half bits
+            return wp._src.types.float_to_half_bits(float(v)) if name == "float16" else float(v)
+
+        return pack_float
+    bits = _ITEMSIZE[name] * 8
+    lo, hi = (0, 2**bits - 1) if name.startswith("u") else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+
+    def pack_int(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise fail(op, f"argument '{p.name}' must be a Python int ({name} scalar), got {_what(v)}")
+        if not lo <= v <= hi:
+            raise fail(op, f"argument '{p.name}' = {v} does not fit {name} [{lo}, {hi}]")
+        return v
+
+    return pack_int
+
+
+def _what(v: Any) -> str:
+    if hasattr(v, "shape"):
+        return f"{type(v).__name__} of shape {tuple(v.shape)}; scalars are Python numbers and are not differentiable"
+    return f"{type(v).__name__} {v!r}"
+
+
+def _flatten(v: Any) -> list:
+    out = []
+    for x in v:
+        if isinstance(x, (list, tuple)):
+            out.extend(_flatten(x))
+        else:
+            out.append(x)
+    return out
+
+
+def _descriptor(ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
+    return _array_t(ptr, 0, len(shape), shape, strides)
+
+
+class Plan:
+    """Launch state for one kernel, device and set of input layouts / dims.
+
+    On the CPU the compiled forward and backward entry points are called directly with a
+    ctypes argument struct copied from a template that already holds every shape and
+    stride, so a call only writes data pointers and scalars (~1.5 us). Elsewhere (CUDA,
+    CPU tile kernels) the launch goes through ``wp.launch`` on the caller's stream.
+    """
+
+    def __init__(self, sig: Signature, device: Any, in_layouts, launch, out_shapes):
+        self.sig = sig
+        self.device = device
+        self.launch_dims = launch
+        self.out_shapes = out_shapes  # Warp shapes
+        self.size = math.prod(launch)
+        self.out_strides = tuple(
+            contiguous_strides(s + p.inner_shape, _ITEMSIZE[p.dtype_name])[: p.ndim]
+            for p, s in zip(sig.outputs, out_shapes)
+        )
+        self.in_grad_strides = tuple(
+            contiguous_strides(shape + p.inner_shape, _ITEMSIZE[p.dtype_name])[: p.ndim]
+            for p, (shape, _) in zip(sig.array_inputs, in_layouts)
+        )
+        self.in_layouts = in_layouts
+        if sig.kind != "kernel" or self.size == 0:
+            return  # functions launch their own kernels; empty launches launch nothing
+        kernel = sig.kernel
+        layouts = dict(zip((p.name for p in sig.array_inputs), in_layouts))
+        layouts.update((p.name, (s, st)) for p, s, st in zip(sig.outputs, out_shapes, self.out_strides))
+        self.templates = [_descriptor(0, *layouts[p.name]) if p.is_array else _zero_scalar(p) for p in sig.params]
+        # Recording resolves launch bounds, validates the dims and loads (compiles) the module.
+        try:
+            rec = wp.launch(kernel, dim=launch, inputs=self.templates, device=device, record_cmd=True)
+        except (ValueError, RuntimeError, TypeError) as e:
+            raise fail(sig.name, f"Warp rejected the launch (dims {launch}): {e}") from e
+        self.bounds = rec.params[0]
+        self.hooks = rec.hooks
+        self.module_exec = rec.module_exec  # keep a reference or the module may be unloaded
+        self.direct = device.is_cpu and rec.block_dim == 1
+        fields = [(p.name, type(rec.params[1 + i])) for i, p in enumerate(sig.params)]
+        self.Args = type("Args", (ctypes.Structure,), {"_fields_": fields})
+        self.template = self.Args(*rec.params[1:])
+        self._copy = self.Args.from_buffer_copy
+        self._fill = _make_filler(sig)
+        self._bounds_ref = ctypes.byref(self.bounds)  # byref keeps self.bounds alive
+        self._forward = self.hooks.forward
+
+    def forward(
+        self, in_ptrs: Sequence[int], scalars: Sequence[Any], out_ptrs: Sequence[int], stream: Any = None
+    ) -> None:
+        """Launch the forward kernel. ``scalars`` are already packed."""
+        if self.size == 0:
+            return
+        args = self._copy(self.template)
+        self._fill(args, in_ptrs, scalars, out_ptrs)
+        if self.direct:
+            self._forward(self._bounds_ref, ctypes.byref(args))
+        else:
+            values = [getattr(args, p.name) for p in self.sig.params]
+            wp.launch(self.sig.kernel, dim=self.launch_dims, inputs=values, device=self.device, stream=stream)
+
+    def adjoint(
+        self,
+        in_ptrs: Sequence[int],
+        scalars: Sequence[Any],
+        out_ptrs: Sequence[int],
+        in_grad_ptrs: Sequence[int],
+        out_grads: Sequence[tuple[int, tuple[int, ...]]],
+        stream: Any = None,
+    ) -> None:
+        """Launch the adjoint kernel, accumulating into the input gradient buffers.
+
+        ``in_grad_ptrs``: one pointer per array input (0 for no gradient, a contiguous buffer
+        otherwise); ``out_grads``: (pointer, Warp byte strides) per output.
+        """
+        if self.size == 0:
+            return
+        if self.hooks.backward is None:
+            raise fail(self.sig.name, "the kernel was compiled with enable_backward=False; it has no adjoint")
+        args = self._copy(self.template)
+        self._fill(args, in_ptrs, scalars, out_ptrs)
+        grads = iter(in_grad_ptrs)
+        adj = []
+        k = 0
+        for p in self.sig.inputs:
+            if p.is_array:
+                ptr = next(grads)
+                adj.append(_descriptor(ptr, self.in_layouts[k][0], self.in_grad_strides[k]) if ptr else _array_t())
+                k += 1
+            else:
+                adj.append(_zero_scalar(p))
+        for shape, (ptr, strides) in zip(self.out_shapes, out_grads):
+            adj.append(_descriptor(ptr, shape, strides))
+        if self.direct:
+            adj_args = self.Args(*adj)
+            self.hooks.backward(self._bounds_ref, ctypes.byref(args), ctypes.byref(adj_args))
+        else:
+            values = [getattr(args, p.name) for p in self.sig.params]
+            n = len(self.sig.inputs)
+            wp.launch(
+                self.sig.kernel,
+                dim=self.launch_dims,
+                inputs=values[:n],
+                outputs=values[n:],
+                adj_inputs=adj[:n],
+                adj_outputs=adj[n:],
+                adjoint=True,
+                device=self.device,
+                stream=stream,
+            )
+
+
+def _make_filler(sig: Signature):
+    """A function that writes the per-call values into an argument struct, one statement
+    per field: generated once per signature (as ``collections.namedtuple`` does) because a
+    generic loop costs more than the kernel launch itself on small inputs."""
+    lines, arr, sc = [], 0, 0
+    for p in sig.inputs:
+        if p.is_array:
+            lines.append(f"    a.{p.name}.data = ins[{arr}]")
+            arr += 1
+        else:
+            lines.append(f"    a.{p.name} = scalars[{sc}]")
+            sc += 1
+    lines += [f"    a.{p.name}.data = outs[{j}]" for j, p in enumerate(sig.outputs)]
+    namespace: dict[str, Any] = {}
+    exec("def fill(a, ins, scalars, outs):\n" + "\n".join(lines), namespace)  # noqa: S102 - names are identifiers
+    return namespace["fill"]
+
+
+def _zero_scalar(p: Param) -> Any:
+    if p.inner_shape:
+        return p.wp_type()
+    return p.wp_type(False) if p.dtype_name == "bool" else p.wp_type(0)
+
+
+def check_strides(op: str, p: Param, shape: Sequence[int], strides: Sequence[int]) -> None:
+    """Warp descriptors hold int32 shapes and byte strides."""
+    if any(s > _INT32_MAX for s in shape) or any(abs(s) > _INT32_MAX for s in strides):
+        raise fail(op, f"argument '{p.name}' is too large for Warp's 32-bit shapes/strides: shape {tuple(shape)}")
+
+
+__all__ = ["ArrayArg", "Plan", "WarpBridgeError", "check_array", "ensure_init", "resolve_dims"]
+
+
+# -- launch functions (the jax_callable convention), differentiated with a per-call wp.Tape --
+
+
+def _wrap(p: Param, device: Any, ptr: int, shape: Sequence[int], strides: Sequence[int], grad: Any = None) -> Any:
+    # wp.array over foreign memory: no copy, no ownership; the caller keeps the buffer alive.
+    return wp.array(
+        ptr=ptr, dtype=p.wp_type.dtype, shape=tuple(shape), strides=tuple(strides), device=device, grad=grad
+    )
+
+
+def _scoped(device: Any, stream: Any):
+    if stream is not None:
+        return wp.ScopedStream(stream)
+    return wp.ScopedDevice(device)
+
+
+def run_function(
+    plan: Plan, ins: Sequence[int], scalars: Sequence[Any], outs: Sequence[int], stream: Any = None
+) -> None:
+    """Call a launch function on foreign buffers: ``ins``/``outs`` are data pointers."""
+    sig, dev = plan.sig, plan.device
+    args = _function_args(plan, ins, scalars, outs, None, None)
+    with _scoped(dev, stream):
+        sig.func(*args)
+
+
+def run_function_adjoint(
+    plan: Plan,
+    ins: Sequence[int],
+    scalars: Sequence[Any],
+    outs: Sequence[int],
+    in_grads: Sequence[int],
+    out_grads: Sequence[tuple[int, tuple[int, ...]]],
+    stream: Any = None,
+) -> None:
+    """Re-run the function under a fresh ``wp.Tape`` and back-propagate ``out_grads``.
+
+    Recomputing keeps no Warp state between forward and backward, so a retained graph can
+    be back-propagated any number of times. ``outs`` are scratch buffers, ``out_grads`` private
+    copies (the tape may add into them), ``in_grads`` zeroed buffers (0: no gradient).
+    """
+    args = _function_args(plan, ins, scalars, outs, in_grads, out_grads)
+    tape = wp.Tape()
+    with _scoped(plan.device, stream):
+        with tape:
+            plan.sig.func(*args)
+        tape.backward()
+    # No tape.reset(): it zeroes every gradient it tracked, the ones just computed included.
+
+
+def _function_args(plan, ins, scalars, outs, in_grads, out_grads):
+    sig, dev = plan.sig, plan.device
+    args = []
+    k = 0
+    vals = iter(scalars)
+    for p in sig.inputs:
+        if not p.is_array:
+            args.append(next(vals))
+            continue
+        shape, strides = plan.in_layouts[k]
+        grad = None
+        if in_grads is not None and in_grads[k]:
+            grad = _wrap(p, dev, in_grads[k], shape, plan.in_grad_strides[k])
+        args.append(_wrap(p, dev, ins[k], shape, strides, grad))
+        k += 1
+    for j, p in enumerate(sig.outputs):
+        grad = None
+        if out_grads is not None:
+            gptr, gstrides = out_grads[j]
+            grad = _wrap(p, dev, gptr, plan.out_shapes[j], gstrides)
+        args.append(_wrap(p, dev, outs[j], plan.out_shapes[j], plan.out_strides[j], grad))
+    return args
+
+
+class Prepared(NamedTuple):
+    """A validated call: the plan, packed scalars, the arrays (made inner-contiguous where
+    needed) and the framework's device. Adapters pass ``arrays`` on; nothing here keeps them."""
+
+    plan: Plan
+    scalars: tuple
+    arrays: list
+    device: Any
+
+
+def prepare(op: Any, args: Sequence[Any], launch_dims: Any, output_dims: Any, fw: Any) -> Prepared:
+    """Validate ``args`` for ``op`` through a framework description ``fw``.
+
+    ``fw`` provides: ``name``; ``is_array(a)``; ``meta(a) -> (dtype name or None, shape,
+    element strides, itemsize, device)``; ``contiguous(a)``; ``warp_device(device)``.
+    """
+    op.check_arity(args)
+    sig = op.sig
+    arrays, layouts, scalars = [], [], []
+    device = None
+    k = 0
+    for p, a in zip(sig.inputs, args):
+        if not p.is_array:
+            packed = op._packers[k](a)
+            scalars.append(a if sig.kind == "function" else packed)
+            k += 1
+            continue
+        if not fw.is_array(a):
+            raise fail(
+                op.name, f"argument '{p.name}' must be a {fw.array_name} ({p.describe_type()}), got {describe_value(a)}"
+            )
+        dtype_name, shape, strides, itemsize, dev = fw.meta(a)
+        if device is None:
+            device = dev
+        elif dev != device:
+            raise fail(op.name, f"all arrays must be on one device: argument '{p.name}' is on {dev}, expected {device}")
+        if dtype_name is None:
+            raise fail(
+                op.name, f"argument '{p.name}' has dtype {a.dtype}, which Warp cannot use; expected {p.dtype_name}"
+            )
+        if p.inner_shape and len(shape) == p.tensor_ndim and not inner_contiguous(p, shape, strides):
+            a = fw.contiguous(a)  # Warp needs packed vector/matrix elements; outer dims may stride
+            dtype_name, shape, strides, itemsize, dev = fw.meta(a)
+        wshape, wstrides = check_array(op.name, p, ArrayArg(0, dtype_name, shape, tuple(s * itemsize for s in strides)))
+        check_strides(op.name, p, wshape, wstrides)
+        arrays.append(a)
+        layouts.append((wshape, wstrides))
+    if device is None:
+        device = fw.default_device
+    ld, od = op.dims(launch_dims, output_dims)
+    plan = op.plan(fw.warp_device(device), tuple(layouts), ld, od)
+    return Prepared(plan, tuple(scalars), arrays, device)

@@ -1,0 +1,225 @@
+"""Read a Warp kernel or an annotated launch function once, into a :class:`Signature`.
+
+The signature is all a framework adapter needs to know about the callable: which
+parameters are inputs and which are outputs, each array's element dtype, rank and
+vector/matrix shape, which inputs are differentiable, and two facts about the kernel's
+adjoint that the gradient rules depend on (see :func:`_array_accesses`).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import warp as wp
+
+from ._errors import WarpBridgeError
+
+# Warp scalar types by the framework-neutral names that adapters map to their dtypes.
+_SCALAR_NAMES: dict[Any, str] = {
+    wp.float16: "float16",
+    wp.float32: "float32",
+    wp.float64: "float64",
+    wp.int8: "int8",
+    wp.int16: "int16",
+    wp.int32: "int32",
+    wp.int64: "int64",
+    wp.uint8: "uint8",
+    wp.uint16: "uint16",
+    wp.uint32: "uint32",
+    wp.uint64: "uint64",
+    wp.bool: "bool",
+}
+_PYTHON_SCALARS = {float: wp.float32, int: wp.int32, bool: wp.bool}
+_FLOAT_NAMES = frozenset({"float16", "float32", "float64"})
+_ATOMICS = frozenset(
+    {
+        "atomic_add",
+        "atomic_sub",
+        "atomic_min",
+        "atomic_max",
+        "atomic_cas",
+        "atomic_exch",
+        "atomic_and",
+        "atomic_or",
+        "atomic_xor",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of the wrapped callable."""
+
+    name: str
+    position: int
+    is_array: bool
+    wp_type: Any
+    dtype_name: str  # element scalar type, e.g. "float32"
+    inner_shape: tuple[int, ...]  # (3,) for wp.vec3, (3, 3) for wp.mat33, () otherwise
+    ndim: int  # Warp array rank; 0 for scalars
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype_name in _FLOAT_NAMES
+
+    @property
+    def differentiable(self) -> bool:
+        """Rule 6: floating arrays are differentiable; integer arrays and scalars are not."""
+        return self.is_array and self.is_float
+
+    @property
+    def tensor_ndim(self) -> int:
+        return self.ndim + len(self.inner_shape)
+
+    def describe_type(self) -> str:
+        inner = f" with trailing dims {self.inner_shape}" if self.inner_shape else ""
+        if self.is_array:
+            return f"a {self.tensor_ndim}-D {self.dtype_name} array{inner}"
+        return f"a {self.dtype_name} scalar{inner}"
+
+
+class Signature:
+    """Everything warpbridge needs to know about a kernel or launch function."""
+
+    def __init__(self, fn: Any, num_outputs: int, name: str):
+        self.name = name
+        if isinstance(fn, wp.Kernel):
+            self.kind = "kernel"
+            self.kernel = fn
+            self.func = None
+            raw = [(a.label, a.type) for a in fn.adj.args]
+        elif callable(fn):
+            self.kind = "function"
+            self.kernel = None
+            self.func = fn
+            raw = _function_params(fn, name)
+        else:
+            raise WarpBridgeError(
+                f"{name}(): op() expects a wp.Kernel or an annotated function, got {type(fn).__name__}"
+            )
+
+        if not isinstance(num_outputs, int) or isinstance(num_outputs, bool) or not 1 <= num_outputs <= len(raw):
+            raise WarpBridgeError(
+                f"{name}(): num_outputs must be an int between 1 and the number of parameters ({len(raw)}), got {num_outputs!r}"
+            )
+        self.params = tuple(_make_param(name, i, label, t) for i, (label, t) in enumerate(raw))
+        self.inputs = self.params[: len(raw) - num_outputs]
+        self.outputs = self.params[len(raw) - num_outputs :]
+        for p in self.outputs:
+            if not p.is_array:
+                raise WarpBridgeError(
+                    f"{name}(): the last {num_outputs} parameter(s) are outputs and must be arrays, "
+                    f"but '{p.name}' is {p.describe_type()}"
+                )
+        self.array_inputs = tuple(p for p in self.inputs if p.is_array)
+        self.differentiable_inputs = tuple(p for p in self.inputs if p.differentiable)
+
+        if self.kind == "kernel":
+            opts = fn.options
+            self.backward_enabled = bool(opts.get("enable_backward", fn.module.options.get("enable_backward", True)))
+            reads, writes, unknown = _array_accesses(fn.adj.tree, {p.name for p in self.array_inputs + self.outputs})
+            written = [p.name for p in self.array_inputs if p.name in writes]
+            if written:
+                raise WarpBridgeError(
+                    f"{name}(): kernel '{fn.key}' writes to its input array(s) {written}; warpbridge never modifies "
+                    f"inputs. Make the written array an output (one of the last num_outputs parameters) instead"
+                )
+            # Reading an output inside the kernel makes Warp's adjoint add into that output's
+            # gradient array, which would corrupt the framework's read-only output gradient.
+            self.reads_outputs = frozenset(p.name for p in self.outputs if p.name in reads | unknown)
+        else:
+            self.backward_enabled = True
+            self.reads_outputs = frozenset(p.name for p in self.outputs)
+
+    @property
+    def target(self) -> Any:
+        return self.kernel if self.kind == "kernel" else self.func
+
+
+def _function_params(fn: Callable, name: str) -> list[tuple[str, Any]]:
+    sig = inspect.signature(fn)
+    out = []
+    for p in sig.parameters.values():
+        ann = p.annotation
+        if ann is inspect.Parameter.empty:
+            raise WarpBridgeError(f"{name}(): parameter '{p.name}' of {fn.__name__}() needs a Warp type annotation")
+        if isinstance(ann, str):
+            # `from __future__ import annotations` leaves strings: resolve them where fn was written.
+            try:
+                ann = eval(ann, getattr(fn, "__globals__", {}))  # noqa: S307 - the user's own annotation
+            except Exception as e:
+                raise WarpBridgeError(
+                    f"{name}(): cannot resolve annotation {ann!r} of parameter '{p.name}': {e}"
+                ) from e
+        if p.kind not in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            raise WarpBridgeError(f"{name}(): parameter '{p.name}' must be positional, not {p.kind.description}")
+        out.append((p.name, ann))
+    return out
+
+
+def _element_info(op: str, label: str, dtype: Any) -> tuple[str, tuple[int, ...]]:
+    dtype = _PYTHON_SCALARS.get(dtype, dtype)
+    if dtype in _SCALAR_NAMES:
+        return _SCALAR_NAMES[dtype], ()
+    if wp.types.type_is_vector(dtype) or wp.types.type_is_matrix(dtype):
+        scalar = dtype._wp_scalar_type_
+        if scalar in _SCALAR_NAMES:
+            return _SCALAR_NAMES[scalar], tuple(int(s) for s in dtype._shape_)
+    raise WarpBridgeError(
+        f"{op}(): parameter '{label}' has Warp type {wp.types.type_repr(dtype)}, which warpbridge does not support "
+        f"(supported: scalars, vectors and matrices of float16/32/64, (u)int8/16/32/64 and bool)"
+    )
+
+
+def _make_param(op: str, position: int, label: str, t: Any) -> Param:
+    if wp.types.is_array(t):
+        if type(t).__name__ not in ("array", "_ArrayAnnotation"):
+            raise WarpBridgeError(
+                f"{op}(): parameter '{label}' is a {type(t).__name__}; only plain wp.array parameters are supported"
+            )
+        dtype_name, inner = _element_info(op, label, t.dtype)
+        return Param(label, position, True, t, dtype_name, inner, int(t.ndim))
+    dtype_name, inner = _element_info(op, label, t)
+    return Param(label, position, False, _PYTHON_SCALARS.get(t, t), dtype_name, inner, 0)
+
+
+def _array_accesses(tree: ast.AST, names: set[str]) -> tuple[set[str], set[str], set[str]]:
+    """Which of ``names`` (array parameters) the kernel body reads, writes, or uses otherwise.
+
+    Stores ``a[i] = v`` / ``a[i] += v`` and atomics ``wp.atomic_add(a, ...)`` are writes whose
+    adjoint only reads ``adj_a``; a load ``a[i]`` is a read, whose adjoint adds into ``adj_a``.
+    Anything else (passing the array to a ``@wp.func``, aliasing it) is reported as unknown:
+    callers treat it as a possible read, never as a definite write. Metadata (``a.shape``) is
+    none of these.
+    """
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    reads: set[str] = set()
+    writes: set[str] = set()
+    unknown: set[str] = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Name) and node.id in names and isinstance(node.ctx, ast.Load)):
+            continue
+        parent = parents.get(node)
+        if isinstance(parent, ast.Attribute) and parent.attr in ("shape", "ndim", "size", "strides"):
+            continue
+        if isinstance(parent, ast.Subscript) and parent.value is node:
+            outer = parents.get(parent)
+            if isinstance(parent.ctx, ast.Store):
+                writes.add(node.id)
+            elif isinstance(outer, ast.Subscript) and outer.value is parent and isinstance(outer.ctx, ast.Store):
+                writes.add(node.id)  # a[i][0] = v: a component store
+            else:
+                reads.add(node.id)
+            continue
+        if isinstance(parent, ast.Call) and parent.args and parent.args[0] is node:
+            func = parent.func
+            fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if fname in _ATOMICS:
+                writes.add(node.id)
+                continue
+        unknown.add(node.id)
+    return reads, writes, unknown

@@ -1,0 +1,208 @@
+"""The torch adapter's forward and backward: shared by the eager autograd path and the
+registered custom ops, so both have exactly the same semantics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+import warp as wp
+
+from .. import _plan
+from .._errors import fail
+from .._op import WarpOp
+
+DTYPE_NAMES = {
+    torch.float16: "float16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
+for _name in ("uint16", "uint32", "uint64"):  # torch >= 2.3 has these, with limited op support
+    if hasattr(torch, _name):
+        DTYPE_NAMES[getattr(torch, _name)] = _name
+TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+
+_devices: dict[torch.device, Any] = {}
+_streams: dict[int, Any] = {}
+
+
+def warp_device(device: torch.device) -> Any:
+    d = _devices.get(device)
+    if d is None:
+        d = _devices[device] = wp.get_device(wp.device_from_torch(device))
+    return d
+
+
+def warp_stream(device: torch.device) -> Any:
+    """Warp's view of PyTorch's *current* stream on ``device`` (None on the CPU).
+
+    Cached by the CUDA stream handle, so no Warp or CUDA stream is created per call; the
+    cached torch stream object is kept so that its handle cannot be reused by another one.
+    """
+    if device.type != "cuda":
+        return None
+    ts = torch.cuda.current_stream(device)
+    entry = _streams.get(ts.cuda_stream)
+    if entry is None or entry[0] is not ts:
+        entry = _streams[ts.cuda_stream] = (ts, wp.stream_from_torch(ts))
+    return entry[1]
+
+
+class _Torch:
+    """The torch description that ``_plan.prepare`` validates against."""
+
+    name = "torch"
+    array_name = "torch.Tensor"
+    default_device = torch.device("cpu")
+
+    @staticmethod
+    def is_array(a: Any) -> bool:
+        return isinstance(a, torch.Tensor)
+
+    @staticmethod
+    def meta(a: torch.Tensor) -> tuple:
+        return DTYPE_NAMES.get(a.dtype), tuple(a.shape), a.stride(), a.element_size(), a.device
+
+    @staticmethod
+    def contiguous(a: torch.Tensor) -> torch.Tensor:
+        return a.contiguous()  # an autograd op: gradients flow back through the copy
+
+    warp_device = staticmethod(warp_device)
+
+
+class Call(NamedTuple):
+    """A validated call: the plan and the packed scalars. Holds no tensor (rule 5)."""
+
+    op: WarpOp
+    plan: _plan.Plan
+    scalars: tuple
+    device: torch.device
+
+
+def prepare(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dims: Any) -> tuple[Call, list[torch.Tensor]]:
+    """Validate ``args``; return the call and the array inputs (made inner-contiguous)."""
+    pr = _plan.prepare(op, args, launch_dims, output_dims, _Torch)
+    return Call(op, pr.plan, pr.scalars, pr.device), pr.arrays
+
+
+def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dims: Any) -> tuple[Call, list]:
+    """``prepare`` for the eager hot path.
+
+    A call whose tensors have the dtypes, shapes, strides and devices of an earlier valid
+    call (and the same dims arguments) reuses that call's plan: only the scalars are checked
+    again. Anything unusual (wrong arity, non-tensors, unhashable dims) takes the full path,
+    which raises the precise error.
+    """
+    positions = op._array_positions
+    if len(args) == len(op.sig.inputs):
+        try:
+            key = (launch_dims, output_dims, *[_layout(args[i]) for i in positions])
+            entry = op._fast.get(key)
+        except (AttributeError, TypeError):
+            key = entry = None
+        if entry is not None:
+            plan, device = entry
+            scalars = ()
+            if op._scalar_packers:
+                scalars = tuple([pack(args[i]) for pack, i in op._scalar_packers])
+                if op.sig.kind == "function":  # functions take the Python values themselves
+                    scalars = tuple([args[i] for _, i in op._scalar_packers])
+            return Call(op, plan, scalars, device), [args[i] for i in positions]
+    else:
+        key = None
+    c, tensors = prepare(op, args, launch_dims, output_dims)
+    if key is not None and all(t is args[i] for t, i in zip(tensors, positions)):
+        op._fast[key] = (c.plan, c.device)
+    return c, tensors
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor):
+        raise TypeError
+    return (t.dtype, t.shape, t.stride(), t.device)
+
+
+def forward(call: Call, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Allocate zeroed outputs and launch the forward kernel (or function)."""
+    plan, sig = call.plan, call.op.sig
+    device = call.device
+    outs = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in _out_alloc(plan)]
+    ins = [t.data_ptr() for t in tensors]
+    out_ptrs = [o.data_ptr() for o in outs]
+    stream = None if device.type == "cpu" else warp_stream(device)
+    if sig.kind == "kernel":
+        plan.forward(ins, call.scalars, out_ptrs, stream)
+    else:
+        _plan.run_function(plan, ins, call.scalars, out_ptrs, stream)
+    return outs
+
+
+def _out_alloc(plan: _plan.Plan) -> tuple:
+    alloc = plan.__dict__.get("torch_out_alloc")
+    if alloc is None:
+        alloc = plan.torch_out_alloc = tuple(
+            (s + p.inner_shape, TORCH_DTYPES[p.dtype_name]) for p, s in zip(plan.sig.outputs, plan.out_shapes)
+        )
+    return alloc
+
+
+def backward(
+    call: Call, tensors: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None], needs: Sequence[bool]
+) -> list[torch.Tensor | None]:
+    """Input gradients (None where not needed) from the output gradients.
+
+    ``needs`` has one flag per array input. Input gradients are fresh zeroed buffers (rule 3);
+    output gradients are only read, unless the adjoint could add into them, in which case it
+    gets a private copy (rule 2).
+    """
+    op, plan, sig = call.op, call.plan, call.op.sig
+    if not sig.backward_enabled:
+        raise fail(
+            op.name,
+            f"cannot differentiate: kernel '{sig.kernel.key}' was compiled with enable_backward=False. "
+            "Re-create it with enable_backward=True, or call the op under torch.no_grad()",
+        )
+    in_grads: list[torch.Tensor | None] = []
+    for p, t, need in zip(sig.array_inputs, tensors, needs):
+        in_grads.append(torch.zeros(t.shape, dtype=t.dtype, device=t.device) if need and p.differentiable else None)
+    if not any(g is not None for g in in_grads):
+        return in_grads
+    out_grads, keep, out_ptrs = [], [], []
+    for p, shape, g in zip(sig.outputs, plan.out_shapes, grads):
+        dtype = TORCH_DTYPES[p.dtype_name]
+        full = shape + p.inner_shape
+        if g is None:
+            g = torch.zeros(full, dtype=dtype, device=call.device)
+        elif p.name in sig.reads_outputs or not _plan.inner_contiguous(p, g.shape, g.stride()):
+            g = g.contiguous().clone() if g.is_contiguous() else g.contiguous()
+        keep.append(g)
+        size = g.element_size()
+        out_grads.append((g.data_ptr(), tuple(s * size for s in g.stride()[: p.ndim])))
+        # The adjoint re-reads outputs only if the kernel does; it must see what the forward
+        # saw (zeros). Outputs it never reads need no memory at all.
+        if p.name in sig.reads_outputs:
+            z = torch.zeros(full, dtype=dtype, device=call.device)
+            keep.append(z)
+            out_ptrs.append(z.data_ptr())
+        else:
+            out_ptrs.append(0)
+    ins = [t.data_ptr() for t in tensors]
+    gptrs = [g.data_ptr() if g is not None else 0 for g in in_grads]
+    stream = warp_stream(call.device)
+    if sig.kind == "kernel":
+        plan.adjoint(ins, call.scalars, out_ptrs, gptrs, out_grads, stream)
+    else:
+        _plan.run_function_adjoint(plan, ins, call.scalars, out_ptrs, gptrs, out_grads, stream)
+    del keep
+    return in_grads
+
+
+def float_outputs(op: WarpOp) -> tuple[bool, ...]:
+    return tuple(p.is_float for p in op.sig.outputs)

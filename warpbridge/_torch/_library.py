@@ -1,0 +1,168 @@
+"""Registration of every WarpOp as ``torch.ops.warpbridge.<name>`` (for torch.compile).
+
+Each op gets a forward op and a ``<name>_backward`` op, a fake (meta) implementation for
+both, and ``register_autograd`` wiring. Their real implementations call the same
+``_core.forward`` / ``_core.backward`` as the eager path. Schema (inputs in order, then the
+optional per-call dims)::
+
+    warpbridge::<name>(Tensor x, float s, SymInt[]? launch_dims=None, SymInt[]? dims_<out>=None, ...)
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from .. import _plan
+from .._op import WarpOp
+from . import _core
+
+_LIB = torch.library.Library("warpbridge", "FRAGMENT")  # keep alive: it owns the registrations
+_NAMES: set[str] = set()
+_LOCK = threading.Lock()
+
+
+def _unique(name: str) -> str:
+    with _LOCK:
+        candidate, n = name, 1
+        while candidate in _NAMES or hasattr(torch.ops.warpbridge, candidate):
+            n += 1
+            candidate = f"{name}_{n}"
+        _NAMES.add(candidate)
+        return candidate
+
+
+def _scalar_schema(p: Any) -> str:
+    base = "float" if p.is_float else ("bool" if p.dtype_name == "bool" else "int")
+    return f"{base}[]" if p.inner_shape else base
+
+
+def _dims_names(op: WarpOp) -> list[str]:
+    taken = {p.name for p in op.sig.inputs} | {"launch_dims", "grads", "needs"}
+    names = []
+    for p in op.sig.outputs:
+        n = f"dims_{p.name}"
+        while n in taken:
+            n += "_"
+        taken.add(n)
+        names.append(n)
+    return names
+
+
+class _Registered:
+    """Splits flat schema arguments back into (inputs, launch_dims, output_dims)."""
+
+    def __init__(self, op: WarpOp):
+        self.op = op
+        self.n_in = len(op.sig.inputs)
+        self.out_names = [p.name for p in op.sig.outputs]
+        self.arg_names = [p.name for p in op.sig.inputs] + ["launch_dims"] + _dims_names(op)
+
+    def split(self, args: tuple, kwargs: dict) -> tuple[tuple, Any, Any]:
+        # The dispatcher omits trailing defaulted arguments or passes them by name.
+        args = tuple(args) + tuple(kwargs.get(n) for n in self.arg_names[len(args) :])
+        inputs = args[: self.n_in]
+        launch = args[self.n_in]
+        dims = args[self.n_in + 1 : self.n_in + 1 + len(self.out_names)]
+        od = {n: tuple(d) for n, d in zip(self.out_names, dims) if d is not None} or None
+        return inputs, (tuple(launch) if launch is not None else None), od
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        inputs, ld, od = self.split(args, kwargs)
+        c, tensors = _core.prepare(self.op, inputs, ld, od)
+        outs = _core.forward(c, tensors)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def forward_fake(self, *args: Any, **kwargs: Any) -> Any:
+        inputs, ld, od = self.split(args, kwargs)
+        shapes, device = self._fake_shapes(inputs, ld, od)
+        outs = [
+            torch.empty(s + p.inner_shape, dtype=_core.TORCH_DTYPES[p.dtype_name], device=device)
+            for p, s in zip(self.op.sig.outputs, shapes)
+        ]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _fake_shapes(self, inputs: tuple, ld: Any, od: Any) -> tuple[tuple, torch.device]:
+        op = self.op
+        op.check_arity(inputs)
+        first, device = None, torch.device("cpu")
+        for p in op.sig.array_inputs:
+            a = inputs[p.position]
+            name = _core.DTYPE_NAMES.get(a.dtype, str(a.dtype))
+            _plan.check_array(op.name, p, _plan.ArrayArg(0, name, tuple(a.shape), (0,) * a.dim()))
+            if first is None:
+                first, device = tuple(a.shape[: p.ndim]), a.device
+        ld, od = op.dims(ld, od)
+        _, shapes = _plan.resolve_dims(op.name, op.sig, first, ld, od)
+        return shapes, device
+
+    def backward_impl(self, *args: Any) -> list[torch.Tensor]:
+        grads, needs = args[-2], args[-1]
+        inputs, ld, od = self.split(args[:-2], {})
+        c, tensors = _core.prepare(self.op, inputs, ld, od)
+        in_grads = _core.backward(c, tensors, grads, needs)
+        return [g for g, n in zip(in_grads, needs) if n]
+
+    def backward_fake(self, *args: Any) -> list[torch.Tensor]:
+        needs = args[-1]
+        inputs = args[: self.n_in]
+        tensors = [inputs[p.position] for p in self.op.sig.array_inputs]
+        return [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t, n in zip(tensors, needs) if n]
+
+
+def register(op: WarpOp) -> Any:
+    name = _unique(op.name)
+    sig = op.sig
+    reg = _Registered(op)
+    params = [f"Tensor {p.name}" if p.is_array else f"{_scalar_schema(p)} {p.name}" for p in sig.inputs]
+    params.append("SymInt[]? launch_dims=None")
+    params += [f"SymInt[]? {n}=None" for n in _dims_names(op)]
+    ret = "Tensor" if len(sig.outputs) == 1 else "(" + ", ".join(["Tensor"] * len(sig.outputs)) + ")"
+    _LIB.define(f"{name}({', '.join(params)}) -> {ret}")
+    bwd_params = [s.split("=")[0] for s in params] + ["Tensor[] grads", "bool[] needs"]
+    _LIB.define(f"{name}_backward({', '.join(bwd_params)}) -> Tensor[]")
+    for key in ("CPU", "CUDA"):
+        _LIB.impl(name, reg.forward, key)
+        _LIB.impl(f"{name}_backward", reg.backward_impl, key)
+    torch.library.register_fake(f"warpbridge::{name}", reg.forward_fake, lib=_LIB)
+    torch.library.register_fake(f"warpbridge::{name}_backward", reg.backward_fake, lib=_LIB)
+    backward_op = getattr(torch.ops.warpbridge, f"{name}_backward").default
+    n_in = len(sig.inputs)
+    n_args = n_in + 1 + len(sig.outputs)
+
+    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+        inputs = tuple(inputs) + (None,) * (n_args - len(inputs))
+        ctx.save_for_backward(*[inputs[p.position] for p in sig.array_inputs])
+        ctx.rest = [None if p.is_array else inputs[p.position] for p in sig.inputs] + list(inputs[n_in:])
+        outs = output if isinstance(output, tuple) else (output,)
+        ctx.out_meta = [(o.shape, o.dtype) for o in outs]
+
+    def backward(ctx: Any, *grads: Any) -> tuple:
+        needs = [bool(ctx.needs_input_grad[p.position]) and p.differentiable for p in sig.array_inputs]
+        result: list[Any] = [None] * n_args
+        if not any(needs):
+            return tuple(result)
+        tensors = iter(ctx.saved_tensors)
+        args = [next(tensors) if p.is_array else ctx.rest[i] for i, p in enumerate(sig.inputs)] + ctx.rest[n_in:]
+        ref = ctx.saved_tensors[0]
+        grads = [
+            g if g is not None else torch.zeros(shape, dtype=dtype, device=ref.device)
+            for g, (shape, dtype) in zip(grads, ctx.out_meta)
+        ]
+        in_grads = iter(backward_op(*args, grads, needs))
+        for p, n in zip(sig.array_inputs, needs):
+            if n:
+                result[p.position] = next(in_grads)
+        return tuple(result)
+
+    torch.library.register_autograd(f"warpbridge::{name}", backward, setup_context=setup_context, lib=_LIB)
+    return getattr(torch.ops.warpbridge, name)
+
+
+def call(op: WarpOp, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
+    """The torch.compile path: the registered op, with dims flattened into the schema."""
+    ld, od = op.dims(launch_dims, output_dims)
+    dims = [(od.get(p.name) if isinstance(od, dict) else od) for p in op.sig.outputs]
+    return op.torch_op(*args, list(ld) if ld is not None else None, *[list(d) if d is not None else None for d in dims])
