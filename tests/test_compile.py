@@ -1,0 +1,104 @@
+"""torch.library registration and torch.compile (10-20 s per inductor graph on the CPU:
+the inductor tests are few; the rest use cheaper backends)."""
+
+import kernels as K
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounter
+
+import warpbridge as wb
+
+f64 = torch.float64
+
+
+def rand(*shape, grad=True):
+    return torch.randn(*shape, dtype=f64, requires_grad=grad)
+
+
+@pytest.mark.parametrize(
+    "make, args",
+    [
+        (lambda: wb.op(K.mul64), lambda: (rand(5), rand(5))),
+        (lambda: wb.op(K.vec_mat, num_outputs=2), lambda: (rand(4, 3), rand(4, 3, 3), 0.5)),
+        (lambda: wb.op(K.scatter_add), lambda: (rand(5, 2), torch.tensor([0, 1, 1, 2, 0]), rand(5))),
+        (lambda: wb.op(K.exp_times), lambda: (rand(5), rand(5))),
+        (lambda: wb.op(K.reads_output), lambda: (rand(5),)),
+    ],
+    ids=["scalars", "vec_mat_two_outputs", "int_index", "function", "reads_output"],
+)
+def test_opcheck_forward(make, args):
+    op = make()
+    torch.library.opcheck(op.torch_op, args())
+
+
+def test_opcheck_backward_op_and_gradcheck_through_the_registered_op():
+    op = wb.op(K.vec_mat, num_outputs=2)
+    v, m = rand(4, 3), rand(4, 3, 3)
+    assert torch.autograd.gradcheck(lambda v, m: op.torch_op(v, m, 0.7), (v, m))
+    bwd = getattr(torch.ops.warpbridge, op.torch_op._qualified_op_name.split("::")[1] + "_backward")
+    grads = [torch.randn(4, 3, dtype=f64), torch.randn(4, dtype=f64)]
+    torch.library.opcheck(bwd, (v.detach(), m.detach(), 0.7, None, None, None, grads, [True, True]))
+
+
+def test_registered_op_accepts_dims_like_the_op():
+    op = wb.op(K.scatter_add)
+    x, idx, w = rand(5, 2), torch.tensor([0, 1, 1, 2, 0]), rand(5)
+    eager = op(x, idx, w, output_dims=(3, 2))
+    registered = op.torch_op(x, idx, w, None, [3, 2])
+    torch.testing.assert_close(eager, registered)
+    torch.library.opcheck(op.torch_op, (x, idx, w, None, [3, 2]))
+
+
+def test_registered_op_enforces_enable_backward_false():
+    op = wb.op(K.no_adjoint)
+    y = op.torch_op(torch.ones(3, requires_grad=True))
+    with pytest.raises(wb.WarpBridgeError, match=r"no_adjoint\(\).*enable_backward=False"):
+        y.sum().backward()
+
+
+@pytest.mark.compile
+def test_compile_fullgraph_inductor_forward_and_backward():
+    op = wb.op(K.vec_mat, num_outputs=2)
+
+    def loss(v, m):
+        a, b = op(v, m, 2.0)
+        return (a.sin().sum() + (b * b).sum()) / 3
+
+    v, m = rand(8, 3), rand(8, 3, 3)
+    ref = loss(v, m)
+    gv, gm = torch.autograd.grad(ref, (v, m))
+    compiled = torch.compile(loss, fullgraph=True)
+    out = compiled(v, m)
+    cv, cm = torch.autograd.grad(out, (v, m))
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(cv, gv)
+    torch.testing.assert_close(cm, gm)
+
+
+@pytest.mark.compile
+def test_compile_dynamic_does_not_recompile_per_size():
+    op = wb.op(K.mul64)
+    counter = CompileCounter()
+    f = torch.compile(lambda x, y: op(x, y).sum(), backend=counter, fullgraph=True, dynamic=True)
+    for n in (5, 7, 11, 13):
+        x, y = rand(n), rand(n)
+        out = f(x, y)
+        out.backward()
+        torch.testing.assert_close(out, (x.sin() * y).sum())
+        torch.testing.assert_close(x.grad, x.detach().cos() * y.detach())
+    assert counter.frame_count == 1
+
+
+@pytest.mark.compile
+def test_compile_aot_eager_with_launch_dims_and_function_ops():
+    outer = wb.op(K.outer, launch_dims=(3, 4))
+    fn_op = wb.op(K.exp_times)
+
+    def f(a, b, k):
+        return outer(a, b).sum() + fn_op(a, k).sum()
+
+    a, b, k = rand(3), rand(4), rand(3)
+    ref = torch.autograd.grad(f(a, b, k), (a, b, k))
+    got = torch.autograd.grad(torch.compile(f, backend="aot_eager", fullgraph=True)(a, b, k), (a, b, k))
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r)

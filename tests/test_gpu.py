@@ -1,0 +1,49 @@
+"""CUDA: launches go on PyTorch's current stream and are capturable in a CUDA graph.
+Marked `gpu`: skipped with a reason on machines without one."""
+
+import kernels as K
+import pytest
+import torch
+
+import warpbridge as wb
+
+pytestmark = pytest.mark.gpu
+
+
+def test_cuda_gradcheck_and_output_device():
+    op = wb.op(K.vec_mat, num_outputs=2)
+    v = torch.randn(16, 3, dtype=torch.float64, device="cuda", requires_grad=True)
+    m = torch.randn(16, 3, 3, dtype=torch.float64, device="cuda", requires_grad=True)
+    a, b = op(v, m, 0.5)
+    assert a.device == v.device and b.device == v.device
+    assert torch.autograd.gradcheck(lambda v, m: op(v, m, 0.5), (v, m))
+
+
+def test_cuda_launches_on_the_current_stream_without_device_sync():
+    op = wb.op(K.mul64)
+    x = torch.randn(1 << 20, dtype=torch.float64, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)  # keep the side stream busy
+        y = op(x, x)
+        assert not s.query(), "the op waited for the stream (a device-wide sync)"
+    s.synchronize()
+    torch.testing.assert_close(y, x.sin() * x)
+
+
+def test_cuda_graph_capture():
+    op = wb.op(K.mul64)
+    x = torch.randn(1024, dtype=torch.float64, device="cuda")
+    y = torch.randn(1024, dtype=torch.float64, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        op(x, y)  # warm-up: compiles and caches the plan outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = op(x, y)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, x.sin() * y)
