@@ -103,7 +103,13 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
     positions = op._array_positions
     if len(args) == len(op.sig.inputs):
         try:
-            key = (launch_dims, output_dims, *[_layout(args[i]) for i in positions])
+            # The adapter was chosen from these arguments' types, so they are torch types:
+            # anything without tensor attributes fails here and takes the full path.
+            key = (
+                launch_dims,
+                output_dims,
+                *[(t.dtype, t.shape, t.stride(), t.device) for t in map(args.__getitem__, positions)],
+            )
             entry = op._fast.get(key)
         except (AttributeError, TypeError):
             key = entry = None
@@ -123,21 +129,14 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
     return c, tensors
 
 
-def _layout(t: torch.Tensor) -> tuple:
-    if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor):
-        raise TypeError
-    return (t.dtype, t.shape, t.stride(), t.device)
-
-
 def forward(call: Call, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Allocate zeroed outputs and launch the forward kernel (or function)."""
-    plan, sig = call.plan, call.op.sig
-    device = call.device
+    plan, device = call.plan, call.device
     outs = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in _out_alloc(plan)]
     ins = [t.data_ptr() for t in tensors]
     out_ptrs = [o.data_ptr() for o in outs]
     stream = None if device.type == "cpu" else warp_stream(device)
-    if sig.kind == "kernel":
+    if plan.sig.kind == "kernel":
         plan.forward(ins, call.scalars, out_ptrs, stream)
     else:
         _plan.run_function(plan, ins, call.scalars, out_ptrs, stream)
