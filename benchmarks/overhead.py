@@ -140,7 +140,8 @@ def main() -> None:
             samples[name].append(per_call_us(fn, calls))
     med = {k: statistics.median(v) for k, v in samples.items()}
     ratios = {
-        "forward / hand-written custom_op forward": med["warpbridge forward (no grad)"] / med["hand-written custom_op forward"],
+        "forward / hand-written custom_op forward": med["warpbridge forward (no grad)"]
+        / med["hand-written custom_op forward"],
         "forward / raw wp.launch": med["warpbridge forward (no grad)"] / med["raw wp.launch (pre-converted arrays)"],
         "fwd+bwd / hand-written custom_op fwd+bwd": med["warpbridge fwd+bwd"]
         / med["hand-written custom_op + register_autograd fwd+bwd"],

@@ -117,3 +117,9 @@ def eval_rosenbrock(xy: wp.array(dtype=wp.vec2), z: wp.array(dtype=float)):
     i = wp.tid()
     v = xy[i]
     z[i] = rosenbrock(v[0], v[1])
+
+
+@wp.kernel
+def axpy16(x: wp.array(dtype=wp.float16), a: wp.float16, y: wp.array(dtype=wp.float16)):
+    i = wp.tid()
+    y[i] = a * x[i]

@@ -89,7 +89,12 @@ def test_vector_matrix_trailing_dims():
 def test_non_tensor_where_an_array_is_expected():
     op = wb.op(K.mul64)
     raises(op, r"argument 'x' must be an array .*got builtins.list", [1.0, 2.0], torch.zeros(2, dtype=torch.float64))
-    raises(op, r"argument 'y' must be an array \(a 1-D float64 array\) of a supported framework.*got float 3.0", torch.zeros(2, dtype=torch.float64), 3.0)
+    raises(
+        op,
+        r"argument 'y' must be an array \(a 1-D float64 array\) of a supported framework.*got float 3.0",
+        torch.zeros(2, dtype=torch.float64),
+        3.0,
+    )
 
 
 def test_mixed_frameworks():

@@ -292,3 +292,28 @@ def test_rosenbrock_optimisation_follows_pure_pytorch():
     ours, ref = train(op), train(reference)
     torch.testing.assert_close(ours, ref, atol=2e-3, rtol=0)
     assert reference(ours).mean() < 0.01 * reference(start).mean()
+
+
+# -- the generic wp.launch path (the one CUDA takes), run on the CPU --------------------------
+
+
+@pytest.fixture(params=["direct", "wp.launch"])
+def launch_path(request, monkeypatch):
+    from warpbridge import _plan
+
+    monkeypatch.setattr(_plan, "DIRECT_CPU", request.param == "direct")
+    return request.param
+
+
+def test_both_launch_paths_give_the_same_values_and_gradients(launch_path):
+    op = wb.op(K.vec_mat, num_outputs=2)
+    v, m = rand(5, 3), rand(5, 3, 3)
+    (plan,) = [op.plan(wp.get_device("cpu"), ((((5,), (24,))), ((5,), (72,))), None, None)]
+    assert plan.direct == (launch_path == "direct")
+    assert torch.autograd.gradcheck(lambda v, m: op(v, m, 1.3), (v, m))
+    op16 = wb.op(K.axpy16)
+    x = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float16, requires_grad=True)
+    y = op16(x, 1.5)
+    torch.testing.assert_close(y, x.detach() * 1.5)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 1.5, dtype=torch.float16))

@@ -30,6 +30,10 @@ _ITEMSIZE = {
 }  # fmt: skip
 _INIT_LOCK = threading.Lock()
 
+# Call compiled CPU kernels directly (the fast path). Tests turn this off to run the generic
+# wp.launch path, the one CUDA takes, on machines without a GPU.
+DIRECT_CPU = True
+
 
 def ensure_init() -> None:
     """Initialise Warp once (wp.from_paddle and friends fail before wp.init())."""
@@ -262,7 +266,7 @@ class Plan:
         self.bounds = rec.params[0]
         self.hooks = rec.hooks
         self.module_exec = rec.module_exec  # keep a reference or the module may be unloaded
-        self.direct = device.is_cpu and rec.block_dim == 1
+        self.direct = DIRECT_CPU and device.is_cpu and rec.block_dim == 1
         fields = [(p.name, type(rec.params[1 + i])) for i, p in enumerate(sig.params)]
         self.Args = type("Args", (ctypes.Structure,), {"_fields_": fields})
         self.template = self.Args(*rec.params[1:])
@@ -282,7 +286,7 @@ class Plan:
         if self.direct:
             self._forward(self._bounds_ref, ctypes.byref(args))
         else:
-            values = [getattr(args, p.name) for p in self.sig.params]
+            values = self._launch_values(args)
             wp.launch(self.sig.kernel, dim=self.launch_dims, inputs=values, device=self.device, stream=stream)
 
     def adjoint(
@@ -314,14 +318,15 @@ class Plan:
                 adj.append(_descriptor(ptr, self.in_layouts[k][0], self.in_grad_strides[k]) if ptr else _array_t())
                 k += 1
             else:
-                adj.append(_zero_scalar(p))
+                # scalar adjoints are discarded; the struct takes plain zeros (float16 fields hold bits)
+                adj.append(_zero_scalar(p) if p.inner_shape or not self.direct else 0)
         for shape, (ptr, strides) in zip(self.out_shapes, out_grads):
             adj.append(_descriptor(ptr, shape, strides))
         if self.direct:
             adj_args = self.Args(*adj)
             self.hooks.backward(self._bounds_ref, ctypes.byref(args), ctypes.byref(adj_args))
         else:
-            values = [getattr(args, p.name) for p in self.sig.params]
+            values = self._launch_values(args)
             n = len(self.sig.inputs)
             wp.launch(
                 self.sig.kernel,
@@ -334,6 +339,16 @@ class Plan:
                 device=self.device,
                 stream=stream,
             )
+
+    def _launch_values(self, args: Any) -> list:
+        """The struct's fields as ``wp.launch`` takes them (array descriptors verbatim)."""
+        values = []
+        for p in self.sig.params:
+            v = getattr(args, p.name)
+            if p.dtype_name == "float16" and not p.is_array and not p.inner_shape:
+                v = wp.float16(wp._src.types.half_bits_to_float(v))  # the field holds raw half bits
+            values.append(v)
+        return values
 
 
 def _make_filler(sig: Signature):
