@@ -317,3 +317,13 @@ def test_both_launch_paths_give_the_same_values_and_gradients(launch_path):
     torch.testing.assert_close(y, x.detach() * 1.5)
     y.sum().backward()
     torch.testing.assert_close(x.grad, torch.full((3,), 1.5, dtype=torch.float16))
+
+
+def test_plan_caches_stay_bounded_when_shapes_keep_changing():
+    from warpbridge import _op
+
+    op = wb.op(K.mul64)
+    for n in range(1, _op.MAX_CACHED + 40):
+        x = torch.ones(n, dtype=f64)
+        assert op(x, x).shape == (n,)
+    assert len(op._plans) <= _op.MAX_CACHED and len(op._fast) <= _op.MAX_CACHED

@@ -21,6 +21,9 @@ from ._signature import Signature
 _ADAPTERS = {"torch": "warpbridge._torch", "numpy": "warpbridge._numpy"}
 _LOADED: dict[str, Any] = {}  # a plain dict lookup, which torch.compile can trace (imports it cannot)
 _BY_TYPE: dict[type, Any] = {}  # array type -> adapter module, filled on first sight
+# Plans are cheap to rebuild (~50 us) but eager shapes can vary without end (a new batch size
+# every step): past this many, a cache starts over rather than grow for the life of the op.
+MAX_CACHED = 256
 
 
 class WarpOp:
@@ -111,6 +114,8 @@ class WarpOp:
         plan = self._plans.get(key)
         if plan is None:
             plan = _plan.Plan(self.sig, device, layouts, launch, out_shapes)
+            if len(self._plans) >= MAX_CACHED:
+                self._plans.clear()
             self._plans[key] = plan
         return plan
 

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import torch
 import warp as wp
 
-from .. import _plan
+from .. import _op, _plan
 from .._errors import fail
 from .._op import WarpOp
 
@@ -125,6 +125,8 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
         key = None
     c, tensors = prepare(op, args, launch_dims, output_dims)
     if key is not None and all(t is args[i] for t, i in zip(tensors, positions)):
+        if len(op._fast) >= _op.MAX_CACHED:
+            op._fast.clear()
         op._fast[key] = (c.plan, c.device)
     return c, tensors
 
