@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 
 import warp as wp
 
-from ._errors import WarpBridgeError, fail
 from ._errors import describe as describe_value
+from ._errors import fail
 from ._signature import Param, Signature
 
 _array_t = wp._src.types.array_t
@@ -257,10 +257,10 @@ class Plan:
         kernel = sig.kernel
         layouts = dict(zip((p.name for p in sig.array_inputs), in_layouts))
         layouts.update((p.name, (s, st)) for p, s, st in zip(sig.outputs, out_shapes, self.out_strides))
-        self.templates = [_descriptor(0, *layouts[p.name]) if p.is_array else _zero_scalar(p) for p in sig.params]
+        templates = [_descriptor(0, *layouts[p.name]) if p.is_array else _zero_scalar(p) for p in sig.params]
         # Recording resolves launch bounds, validates the dims and loads (compiles) the module.
         try:
-            rec = wp.launch(kernel, dim=launch, inputs=self.templates, device=device, record_cmd=True)
+            rec = wp.launch(kernel, dim=launch, inputs=templates, device=device, record_cmd=True)
         except (ValueError, RuntimeError, TypeError) as e:
             raise fail(sig.name, f"Warp rejected the launch (dims {launch}): {e}") from e
         self.bounds = rec.params[0]
@@ -379,9 +379,6 @@ def check_strides(op: str, p: Param, shape: Sequence[int], strides: Sequence[int
     """Warp descriptors hold int32 shapes and byte strides."""
     if any(s > _INT32_MAX for s in shape) or any(abs(s) > _INT32_MAX for s in strides):
         raise fail(op, f"argument '{p.name}' is too large for Warp's 32-bit shapes/strides: shape {tuple(shape)}")
-
-
-__all__ = ["ArrayArg", "Plan", "WarpBridgeError", "check_array", "ensure_init", "resolve_dims"]
 
 
 # -- launch functions (the jax_callable convention), differentiated with a per-call wp.Tape --
