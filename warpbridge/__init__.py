@@ -4,10 +4,11 @@ Importing warpbridge imports Warp and NumPy, never a deep-learning framework: ad
 loaded when an argument of their framework arrives.
 """
 
+from . import ops as ops
 from ._errors import WarpBridgeError as WarpBridgeError
 from ._op import WarpOp as WarpOp
 from ._op import op as op
 
 __version__ = "0.1.0"
 
-__all__ = ["WarpBridgeError", "WarpOp", "__version__", "op"]
+__all__ = ["WarpBridgeError", "WarpOp", "__version__", "op", "ops"]

@@ -1,0 +1,519 @@
+"""warpbridge.ops: values and gradients against dense float64 references, numerics, threads,
+determinism, autograd invariants, torch.compile and bad input."""
+
+import math
+
+import points_reference as ref_ops
+import pytest
+import torch
+
+import warpbridge as wb
+from warpbridge import WarpBridgeError
+from warpbridge.ops import _core
+
+DTYPES = [torch.float32, torch.float64]
+TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float64: dict(atol=1e-11, rtol=1e-9)}
+
+
+def clouds(m, n, f, dtype=torch.float64, seed=0, spread=1.0):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.rand(m, 3, generator=g, dtype=dtype) * 2 - 1) * spread
+    r = torch.randn(n, 3, generator=g, dtype=dtype) * spread
+    feats = torch.randn(n, f, generator=g, dtype=dtype)
+    return q, r, feats
+
+
+def away_from_cutoff(q, r, radius, margin=0.02):
+    """Drop queries with a reference within `margin` of the radius: the cut-off is a jump
+    that finite differences would straddle."""
+    d = torch.cdist(q, r)
+    keep = ~((d - radius).abs() < margin).any(1)
+    return q[keep].contiguous()
+
+
+def separated_knn(q, r, k, margin=1e-3):
+    """Drop queries whose k-th and (k+1)-th neighbours are nearly tied (the selection would flip)."""
+    d = torch.sort(torch.cdist(q, r), dim=1).values
+    keep = (d[:, k] - d[:, k - 1]) > margin
+    return q[keep].contiguous()
+
+
+def grads(out, inputs, g):
+    return torch.autograd.grad(out, inputs, g, allow_unused=True)
+
+
+# -- values -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("radius,sigma", [(0.3, 0.1), (0.6, 1.0), (2.5, 0.05)])
+def test_radius_values(dtype, radius, sigma):
+    q, r, f = clouds(300, 500, 5, dtype)
+    out = wb.ops.radius_aggregate(q, r, f, radius, sigma)
+    assert out.dtype == dtype and out.shape == (300, 5)
+    torch.testing.assert_close(out, ref_ops.radius_aggregate(q, r, f, radius, sigma), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [1, 7, 40])
+def test_knn_values_and_order(dtype, k):
+    q, r, _ = clouds(300, 500, 1, dtype, seed=1)
+    dist, idx = wb.ops.knn(q, r, k)
+    assert idx.dtype == torch.int64 and dist.shape == idx.shape == (300, k)
+    rd, ri = ref_ops.knn(q, r, k)
+    assert torch.equal(idx, ri)
+    torch.testing.assert_close(dist, rd, **TOL[dtype])
+    assert (dist[:, 1:] >= dist[:, :-1]).all()
+
+
+def test_knn_ties_take_the_smaller_index():
+    # Duplicated reference points: equal distances, so the index decides.
+    base = torch.randn(50, 3, dtype=torch.float64)
+    r = torch.cat([base, base, base])  # j, j + 50, j + 100 coincide
+    q = torch.randn(40, 3, dtype=torch.float64)
+    dist, idx = wb.ops.knn(q, r, 6)
+    _, ri = ref_ops.knn(q, r, 6)
+    assert torch.equal(idx, ri)
+    assert (idx[:, 0] < 50).all() and (idx[:, 1] == idx[:, 0] + 50).all() and (idx[:, 2] == idx[:, 0] + 100).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_knn_aggregate_values(dtype):
+    q, r, f = clouds(300, 500, 6, dtype, seed=2)
+    out = wb.ops.knn_aggregate(q, r, f, 7, 0.1)
+    torch.testing.assert_close(out, ref_ops.knn_aggregate(q, r, f, 7, 0.1), **TOL[dtype])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: torch.randn(400, 3, dtype=torch.float64) * torch.tensor([5.0, 0.0, 0.0]), id="line"),
+        pytest.param(lambda: torch.randn(400, 3, dtype=torch.float64) * torch.tensor([3.0, 3.0, 1e-9]), id="flat"),
+        pytest.param(lambda: torch.zeros(30, 3, dtype=torch.float64), id="one-point"),
+        pytest.param(lambda: torch.randn(400, 3, dtype=torch.float64) * 1e4, id="huge-extent"),
+        pytest.param(lambda: torch.randn(400, 3, dtype=torch.float64) * 1e-6, id="tiny-extent"),
+    ],
+)
+def test_degenerate_clouds(make):
+    r = make()
+    n = r.shape[0]
+    f = torch.randn(n, 3, dtype=torch.float64)
+    m = min(50, n)
+    q = r[torch.randperm(n)[:m]] + 1e-3 * torch.randn(m, 3, dtype=torch.float64) * r.abs().max().clamp(min=1e-6)
+    scale = float(r.abs().max().clamp(min=1e-6))
+    radius = 0.3 * scale
+    torch.testing.assert_close(
+        wb.ops.radius_aggregate(q, r, f, radius, 0.1 * scale),
+        ref_ops.radius_aggregate(q, r, f, radius, 0.1 * scale),
+    )
+    k = min(9, n)
+    dist, idx = wb.ops.knn(q, r, k)
+    rd, ri = ref_ops.knn(q, r, k)
+    torch.testing.assert_close(dist, rd)
+    # Exact ties may order differently only if distances differ in the last bit; compare sets of distance.
+    torch.testing.assert_close(torch.gather(torch.cdist(q, r), 1, idx), rd)
+
+
+def test_queries_far_outside_the_cloud():
+    q, r, f = clouds(40, 300, 2)
+    q = q + torch.tensor([50.0, -80.0, 3.0], dtype=q.dtype)
+    torch.testing.assert_close(wb.ops.knn(q, r, 5)[0], ref_ops.knn(q, r, 5)[0])
+    assert torch.equal(wb.ops.radius_aggregate(q, r, f, 1.0, 0.1), torch.zeros(40, 2, dtype=q.dtype))
+
+
+def test_stable_for_large_distance_over_sigma():
+    # d/sigma ~ 1000: exp underflows in float32 (the dense unshifted formula gives 0/0 = NaN).
+    q, r, f = clouds(200, 400, 4, torch.float32, seed=3)
+    radius, sigma = 0.5, 5e-4
+    out = wb.ops.radius_aggregate(q, r, f, radius, sigma)
+    assert torch.isfinite(out).all()
+    d = torch.cdist(q, r)
+    naive_w = torch.where(d <= radius, torch.exp(-d / sigma), torch.zeros_like(d))
+    naive = (naive_w @ f) / naive_w.sum(1, keepdim=True)
+    has = (d <= radius).any(1)
+    assert torch.isnan(naive[has]).any()  # the failure mode this guards against
+    expect = ref_ops.radius_aggregate(q.double(), r.double(), f.double(), radius, sigma).float()
+    torch.testing.assert_close(out, expect, atol=1e-4, rtol=1e-4)
+    out2 = wb.ops.knn_aggregate(q, r, f, 5, sigma)
+    expect2 = ref_ops.knn_aggregate(q.double(), r.double(), f.double(), 5, sigma).float()
+    torch.testing.assert_close(out2, expect2, atol=1e-4, rtol=1e-3)  # float32 distances / sigma
+
+
+def test_rows_without_neighbours_are_zero():
+    q, r, f = clouds(100, 50, 3, seed=4)
+    out = wb.ops.radius_aggregate(q, r, f, 0.05, 0.1)
+    lonely = ~(torch.cdist(q, r) <= 0.05).any(1)
+    assert lonely.sum() > 50
+    assert torch.equal(out[lonely], torch.zeros_like(out[lonely]))
+
+
+# -- gradients --------------------------------------------------------------------------
+
+
+def test_radius_gradcheck_all_inputs():
+    q, r, f = clouds(60, 80, 3, seed=5)
+    radius = 0.5
+    q = away_from_cutoff(q, r, radius)
+    inputs = [t.clone().requires_grad_() for t in (q, r, f)]
+    assert torch.autograd.gradcheck(lambda a, b, c: wb.ops.radius_aggregate(a, b, c, radius, 0.2), inputs)
+
+
+def test_knn_gradcheck_both_point_sets():
+    q, r, _ = clouds(60, 80, 1, seed=6)
+    q = separated_knn(q, r, 5)
+    inputs = [t.clone().requires_grad_() for t in (q, r)]
+    assert torch.autograd.gradcheck(lambda a, b: wb.ops.knn(a, b, 5)[0], inputs)
+
+
+def test_knn_aggregate_gradcheck_all_inputs():
+    q, r, f = clouds(60, 80, 3, seed=7)
+    q = separated_knn(q, r, 5)
+    inputs = [t.clone().requires_grad_() for t in (q, r, f)]
+    assert torch.autograd.gradcheck(lambda a, b, c: wb.ops.knn_aggregate(a, b, c, 5, 0.2), inputs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["radius", "knn_aggregate", "knn"])
+def test_gradients_match_dense_autograd(dtype, op):
+    q, r, f = clouds(700, 900, 8, dtype, seed=8)
+    if op == "radius":
+        q = away_from_cutoff(q, r, 0.35)
+        ours = lambda a, b, c: wb.ops.radius_aggregate(a, b, c, 0.35, 0.1)
+        dense = lambda a, b, c: ref_ops.radius_aggregate(a, b, c, 0.35, 0.1)
+    elif op == "knn_aggregate":
+        q = separated_knn(q, r, 7)
+        ours = lambda a, b, c: wb.ops.knn_aggregate(a, b, c, 7, 0.1)
+        dense = lambda a, b, c: ref_ops.knn_aggregate(a, b, c, 7, 0.1)
+    else:
+        q = separated_knn(q, r, 7)
+        ours = lambda a, b, c: wb.ops.knn(a, b, 7)[0] + 0 * c.sum()
+        dense = lambda a, b, c: ref_ops.knn(a, b, 7)[0] + 0 * c.sum()
+    ins = [t.clone().requires_grad_() for t in (q, r, f)]
+    out = ours(*ins)
+    g = torch.randn_like(out)
+    got = grads(out, ins, g)
+    expect = grads(dense(*ins), ins, g)
+    tol = dict(atol=1e-3, rtol=1e-3) if dtype == torch.float32 else dict(atol=1e-9, rtol=1e-7)
+    for a, b in zip(got, expect):
+        torch.testing.assert_close(a, b, **tol)
+
+
+def test_coincident_query_and_reference_give_finite_gradients():
+    q, r, f = clouds(30, 60, 3, seed=9)
+    q[:10] = r[:10]  # exact coincidences
+    for fn in (
+        lambda a, b, c: wb.ops.radius_aggregate(a, b, c, 0.6, 0.2),
+        lambda a, b, c: wb.ops.knn_aggregate(a, b, c, 4, 0.2),
+        lambda a, b, c: wb.ops.knn(a, b, 4)[0] + 0 * c.sum(),
+    ):
+        ins = [t.clone().requires_grad_() for t in (q, r, f)]
+        for gr in torch.autograd.grad(fn(*ins).sum(), ins):
+            assert torch.isfinite(gr).all()
+
+
+def test_only_requested_gradients_are_computed():
+    q, r, f = clouds(80, 100, 3, seed=10)
+    f.requires_grad_()
+    out = wb.ops.radius_aggregate(q, r, f, 0.5, 0.1)
+    (gf,) = torch.autograd.grad(out.sum(), [f])
+    (expect,) = torch.autograd.grad(ref_ops.radius_aggregate(q, r, f, 0.5, 0.1).sum(), [f])
+    torch.testing.assert_close(gf, expect)
+    assert q.grad is None and r.grad is None
+
+
+def test_retained_graph_accumulates_exactly_once_per_backward():
+    q, r, f = clouds(80, 100, 3, seed=11)
+    ins = [t.clone().requires_grad_() for t in (q, r, f)]
+    out = wb.ops.radius_aggregate(*ins, 0.5, 0.1)
+    loss = (out**2).sum()
+    loss.backward(retain_graph=True)
+    once = [t.grad.clone() for t in ins]
+    loss.backward(retain_graph=True)
+    loss.backward()
+    for t, g1 in zip(ins, once):
+        torch.testing.assert_close(t.grad, 3 * g1)
+
+
+def test_inputs_are_never_modified_and_no_grad_is_allocated_in_forward():
+    q, r, f = clouds(80, 100, 3, seed=12)
+    ins = [t.clone().requires_grad_() for t in (q, r, f)]
+    before = [t.detach().clone() for t in ins]
+    out = wb.ops.radius_aggregate(*ins, 0.5, 0.1) + wb.ops.knn_aggregate(*ins, 5, 0.1)
+    assert all(t.grad is None for t in ins)
+    g = torch.randn_like(out)
+    g_copy = g.clone()
+    out.backward(g)
+    assert torch.equal(g, g_copy)
+    for t, b in zip(ins, before):
+        assert torch.equal(t.detach(), b)
+
+
+def test_in_place_change_after_forward_is_caught():
+    q, r, f = clouds(20, 30, 2, seed=13)
+    f.requires_grad_()
+    ref_pts = r.clone()
+    out = wb.ops.radius_aggregate(q, ref_pts, f, 0.8, 0.1)
+    ref_pts.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_grid_is_built_once_per_forward_and_reused_by_backward(monkeypatch):
+    calls = []
+    real = _core.build_grid
+    monkeypatch.setattr(_core, "build_grid", lambda *a, **k: calls.append(a[1].shape[0]) or real(*a, **k))
+    q, r, f = clouds(50, 70, 2, seed=14)
+    r.requires_grad_()
+    out = wb.ops.knn_aggregate(q, r, f, 3, 0.1)
+    assert calls == [70]
+    out.sum().backward()
+    assert calls == [70]  # kNN backward needs no search at all
+    calls.clear()
+    f.requires_grad_()
+    out = wb.ops.radius_aggregate(q, r, f, 0.5, 0.1)
+    assert calls == [70]
+    out.sum().backward()
+    # The reference grid is reused; the reference-side gather searches a grid over the queries.
+    assert calls == [70, 50]
+
+
+# -- threads, determinism, non-finite input -----------------------------------------------
+
+
+def test_threads_agree_and_results_are_deterministic():
+    q, r, f = clouds(3000, 2000, 4, torch.float32, seed=15)
+    ins = [t.clone().requires_grad_() for t in (q, r, f)]
+    results = {}
+    try:
+        for n in (1, 2, 2):
+            wb.ops.set_num_threads(n)
+            outs = []
+            for fn in (
+                lambda: wb.ops.radius_aggregate(*ins, 0.3, 0.1),
+                lambda: wb.ops.knn_aggregate(*ins, 6, 0.1),
+            ):
+                out = fn()
+                outs.append((out.detach(), *torch.autograd.grad(out.square().sum(), ins)))
+            results.setdefault(n, []).append(outs)
+    finally:
+        wb.ops.set_num_threads(None)
+    one, (two_a, two_b) = results[1][0], results[2]
+    for xs, ys, zs in zip(one, two_a, two_b):
+        for x, y, z in zip(xs, ys, zs):
+            assert torch.equal(y, z)  # bitwise deterministic run to run
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+
+
+def test_non_finite_points_are_nobodys_neighbours():
+    q, r, f = clouds(40, 60, 2, seed=16)
+    r_bad = r.clone()
+    r_bad[5] = float("nan")
+    r_bad[7, 1] = float("inf")
+    q_bad = q.clone()
+    q_bad[3] = float("nan")
+    keep = torch.ones(60, dtype=torch.bool)
+    keep[[5, 7]] = False
+    out = wb.ops.radius_aggregate(q_bad, r_bad, f, 0.8, 0.1)
+    expect = ref_ops.radius_aggregate(q, r[keep], f[keep], 0.8, 0.1)
+    torch.testing.assert_close(out[torch.arange(40) != 3], expect[torch.arange(40) != 3])
+    assert torch.equal(out[3], torch.zeros(2, dtype=out.dtype))
+    dist, idx = wb.ops.knn(q_bad, r_bad, 4)
+    assert torch.isinf(dist[3]).all() and (idx[3] == -1).all()
+    assert not ((idx == 5) | (idx == 7)).any()
+    agg = wb.ops.knn_aggregate(q_bad, r_bad, f, 4, 0.1)
+    assert torch.equal(agg[3], torch.zeros(2, dtype=agg.dtype)) and torch.isfinite(agg).all()
+
+
+def test_fewer_finite_references_than_k():
+    r = torch.randn(5, 3, dtype=torch.float64)
+    r[1:] = float("nan")
+    dist, idx = wb.ops.knn(torch.zeros(2, 3, dtype=torch.float64), r, 3)
+    assert (idx[:, 0] == 0).all() and (idx[:, 1:] == -1).all() and torch.isinf(dist[:, 1:]).all()
+
+
+def test_empty_sets():
+    q, r, f = clouds(10, 20, 3)
+    assert wb.ops.radius_aggregate(q[:0], r, f, 0.5, 0.1).shape == (0, 3)
+    assert torch.equal(wb.ops.radius_aggregate(q, r[:0], f[:0], 0.5, 0.1), torch.zeros(10, 3, dtype=q.dtype))
+    d, i = wb.ops.knn(q[:0], r, 2)
+    assert d.shape == i.shape == (0, 2)
+    assert wb.ops.knn_aggregate(q[:0], r, f, 2, 0.1).shape == (0, 3)
+    x = q[:0].clone().requires_grad_()
+    y = r.clone().requires_grad_()
+    wb.ops.radius_aggregate(x, y, f, 0.5, 0.1).sum().backward()
+    assert torch.equal(y.grad, torch.zeros_like(y))
+
+
+def test_non_contiguous_inputs():
+    q, r, f = clouds(50, 80, 6, seed=17)
+    qt = torch.cat([q, q], 1)[:, ::2]  # strided views
+    ft = f[:, ::2]
+    torch.testing.assert_close(
+        wb.ops.radius_aggregate(qt, r, ft, 0.5, 0.1), ref_ops.radius_aggregate(qt, r, ft, 0.5, 0.1)
+    )
+
+
+# -- training: a tutorial-style model follows the dense reference -------------------------
+
+
+class _MLP(torch.nn.Sequential):
+    def __init__(self, i, h, o):
+        super().__init__(
+            torch.nn.Linear(i, h), torch.nn.ReLU(), torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, o)
+        )
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, agg):
+        super().__init__()
+        self.proj, self.out, self.agg = _MLP(3, 16, 16), _MLP(16, 16, 1), agg
+
+    def forward(self, grid, cloud):
+        return self.out(self.agg(grid, cloud, self.proj(cloud)))
+
+
+@pytest.mark.parametrize("kind", ["radius", "knn"])
+def test_training_follows_dense_reference(kind):
+    torch.manual_seed(0)
+    x = torch.linspace(-1, 1, 8, dtype=torch.float64)
+    grid = torch.stack(torch.meshgrid(x, x, x, indexing="ij"), -1).reshape(-1, 3)
+    cloud = torch.randn(600, 3, dtype=torch.float64)
+    target = torch.sin(3 * grid[:, :1]) * grid[:, 1:2]
+    if kind == "radius":
+        grid = away_from_cutoff(grid, cloud, 0.45)
+        target = torch.sin(3 * grid[:, :1]) * grid[:, 1:2]
+        ours = lambda g, c, f: wb.ops.radius_aggregate(g, c, f, 0.45, 0.1)
+        dense = lambda g, c, f: ref_ops.radius_aggregate(g, c, f, 0.45, 0.1)
+    else:
+        ours = lambda g, c, f: wb.ops.knn_aggregate(g, c, f, 7, 0.1)
+        dense = lambda g, c, f: ref_ops.knn_aggregate(g, c, f, 7, 0.1)
+    a, b = _Model(ours).double(), _Model(dense).double()
+    b.load_state_dict(a.state_dict())
+    losses = []
+    for model in (a, b):
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        curve = []
+        for _ in range(30):
+            opt.zero_grad()
+            loss = torch.mean((model(grid, cloud) - target) ** 2)
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+        losses.append(curve)
+    assert losses[0][-1] < 0.8 * losses[0][0]  # it learns
+    for x, y in zip(*losses):
+        assert math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9)
+
+
+# -- torch.compile and registration ---------------------------------------------------------
+
+
+@pytest.mark.compile
+def test_compile_fullgraph_forward_and_backward():
+    q, r, f = clouds(200, 300, 4, torch.float32, seed=18)
+    q = away_from_cutoff(q.double(), r.double(), 0.4).float()
+
+    def model(q, r, f):
+        return wb.ops.radius_aggregate(q, r, f, 0.4, 0.1).square().sum() + wb.ops.knn_aggregate(q, r, f, 5, 0.1).sum()
+
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    ins = [t.clone().requires_grad_() for t in (q, r, f)]
+    ins2 = [t.clone().requires_grad_() for t in (q, r, f)]
+    torch.testing.assert_close(compiled(*ins), model(*ins2))
+    g1 = torch.autograd.grad(compiled(*ins), ins)
+    g2 = torch.autograd.grad(model(*ins2), ins2)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b)
+
+
+def test_opcheck_registered_ops():
+    q, r, f = clouds(30, 40, 3, torch.float64, seed=19)
+    q = away_from_cutoff(q, r, 0.7)
+    ins = [t.clone().requires_grad_() for t in (q, r, f)]
+    torch.library.opcheck(torch.ops.warpbridge.radius_aggregate, (*ins, 0.7, 0.2))
+    torch.library.opcheck(torch.ops.warpbridge.knn, (ins[0], ins[1], 4))
+    torch.library.opcheck(torch.ops.warpbridge.knn_aggregate, (*ins, 4, 0.2))
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+
+def _bad_cases():
+    q, r, f = clouds(5, 6, 2, torch.float32)
+    return [
+        (
+            "radius_aggregate",
+            lambda: wb.ops.radius_aggregate(q[:, :2], r, f, 0.5, 0.1),
+            r"'query' must have shape \(M, 3\), got \(5, 2\)",
+        ),
+        (
+            "radius_aggregate",
+            lambda: wb.ops.radius_aggregate(q, r[None], f, 0.5, 0.1),
+            r"'ref' must have shape \(N, 3\)",
+        ),
+        ("radius_aggregate", lambda: wb.ops.radius_aggregate(q, r, f[:4], 0.5, 0.1), "one row per reference point"),
+        (
+            "radius_aggregate",
+            lambda: wb.ops.radius_aggregate(q, r, f.double(), 0.5, 0.1),
+            "'features' has dtype float64",
+        ),
+        (
+            "radius_aggregate",
+            lambda: wb.ops.radius_aggregate(q.half(), r.half(), f.half(), 0.5, 0.1),
+            "float32 or float64, got float16",
+        ),
+        (
+            "radius_aggregate",
+            lambda: wb.ops.radius_aggregate(q.long(), r, f, 0.5, 0.1),
+            "float32 or float64, got int64",
+        ),
+        (
+            "radius_aggregate",
+            lambda: wb.ops.radius_aggregate(q, r, f, 0.0, 0.1),
+            "'radius' must be positive and finite, got 0.0",
+        ),
+        ("radius_aggregate", lambda: wb.ops.radius_aggregate(q, r, f, float("nan"), 0.1), "'radius' must be positive"),
+        (
+            "radius_aggregate",
+            lambda: wb.ops.radius_aggregate(q, r, f, 0.5, -1),
+            "'sigma' must be positive and finite, got -1.0",
+        ),
+        (
+            "radius_aggregate",
+            lambda: wb.ops.radius_aggregate(q, r, f, torch.tensor(0.5), 0.1),
+            "'radius' must be a positive Python number, got torch.Tensor",
+        ),
+        (
+            "radius_aggregate",
+            lambda: wb.ops.radius_aggregate(q, r, f, True, 0.1),
+            "'radius' must be a positive Python number",
+        ),
+        (
+            "radius_aggregate",
+            lambda: wb.ops.radius_aggregate(q.numpy(), r, f, 0.5, 0.1),
+            "'query' must be a torch.Tensor, got numpy.ndarray",
+        ),
+        (
+            "radius_aggregate",
+            lambda: wb.ops.radius_aggregate(q, r.to("meta"), f, 0.5, 0.1),
+            "'ref' is on meta but 'query' is on cpu",
+        ),
+        ("knn", lambda: wb.ops.knn(q, r, 0), r"'k' must satisfy 1 <= k <= N = 6 .*got 0"),
+        ("knn", lambda: wb.ops.knn(q, r, 7), r"1 <= k <= N = 6 .*got 7"),
+        ("knn", lambda: wb.ops.knn(q, r, 2.0), "'k' must be an int, got float 2.0"),
+        ("knn", lambda: wb.ops.knn(q, r[:0], 1), "N = 0"),
+        ("knn_aggregate", lambda: wb.ops.knn_aggregate(q, r, f, 3, 0.0), "'sigma' must be positive"),
+        ("knn_aggregate", lambda: wb.ops.knn_aggregate(q, r, f[:, 0], 3, 0.1), r"'features' must have shape \(N, F\)"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_bad_cases())))
+def test_bad_input_raises_before_any_launch(case, monkeypatch):
+    name, call, pattern = _bad_cases()[case]
+    launched = []
+    monkeypatch.setattr(_core, "launch_queries", lambda *a, **k: launched.append(a))
+    monkeypatch.setattr(_core, "build_grid", lambda *a, **k: launched.append(a))
+    with pytest.raises(WarpBridgeError, match=pattern) as info:
+        call()
+    assert str(info.value).startswith(f"{name}(): ")
+    assert not launched
