@@ -517,3 +517,35 @@ def test_bad_input_raises_before_any_launch(case, monkeypatch):
         call()
     assert str(info.value).startswith(f"{name}(): ")
     assert not launched
+
+
+def test_the_tutorials_warp_adjoint_is_zero_and_ours_is_exact():
+    """Why these ops exist: the tutorial launches its kernel's Warp adjoint for the feature
+    gradient; the neighbour loop is dynamic, so that adjoint returns zeros."""
+    import os
+    import sys
+
+    import warp as wp
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    from _kernels import tutorial_radius_aggregate
+
+    q, r, f = (t.float() for t in clouds(100, 200, 4, seed=20))
+    grid = wp.HashGrid(11, 11, 11, device="cpu")
+    wq, wr, wf = (wp.from_torch(t, dtype=d, requires_grad=False) for t, d in ((q, wp.vec3), (r, wp.vec3), (f, None)))
+    grid.build(wr, 0.5)
+    out, g, tutorial_grad = torch.zeros(100, 4), torch.randn(100, 4), torch.zeros_like(f)
+    args = dict(dim=100, inputs=[wq, wr, wf, grid.id, 0.5, 0.1], outputs=[wp.from_torch(out, requires_grad=False)])
+    wp.launch(tutorial_radius_aggregate, **args)
+    wp.launch(
+        tutorial_radius_aggregate,
+        **args,
+        adj_inputs=[None, None, wp.from_torch(tutorial_grad, requires_grad=False), None, 0.0, 0.0],
+        adj_outputs=[wp.from_torch(g, requires_grad=False)],
+        adjoint=True,
+    )
+    fr = f.clone().requires_grad_()
+    (ours,) = torch.autograd.grad(wb.ops.radius_aggregate(q, r, fr, 0.5, 0.1), fr, g)
+    (dense,) = torch.autograd.grad(ref_ops.radius_aggregate(q, r, fr, 0.5, 0.1), fr, g)
+    assert torch.equal(tutorial_grad, torch.zeros_like(f)) and dense.abs().max() > 0.1
+    torch.testing.assert_close(ours, dense)
