@@ -544,16 +544,7 @@ def kernels(scalar: Any) -> Any:
             if need_query != 0:
                 d_query[i] = dq
 
-    @kernel
-    def fold_slots(slots: wp.array3d(dtype=T), out: wp.array2d(dtype=T)):
-        j, f = wp.tid()
-        acc = slots[0, j, f]
-        for s in range(1, slots.shape[0]):
-            acc += slots[s, j, f]
-        out[j, f] = acc
-
     return _Kernels(
-        fold_slots=fold_slots,
         V=V,
         grid_bounds=grid_bounds,
         grid_setup=grid_setup,

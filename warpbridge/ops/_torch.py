@@ -108,20 +108,7 @@ def _grads_out(m: int, n: int, f: int, like: Tensor, needs: list[bool], device: 
 
 def _fold(slots: Tensor) -> Tensor:
     """Sum the per-thread scatter slots in a fixed order (deterministic)."""
-    if slots.shape[0] == 1:
-        return slots[0]
-    out = slots.new_empty(slots.shape[1:])
-    if out.numel():
-        k, device, stream = _env(slots)
-        flat = out.view(out.shape[0], -1)
-        wp.launch(
-            k.fold_slots,
-            dim=flat.shape,
-            inputs=[_w(slots.view(slots.shape[0], *flat.shape)), _w(flat)],
-            device=device,
-            stream=stream,
-        )
-    return out
+    return slots[0] if slots.shape[0] == 1 else slots.sum(0)
 
 
 # -- radius_aggregate -------------------------------------------------------------------------
