@@ -16,7 +16,7 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/rosenbrock.py
+	$(PY) -m warpbridge demo
 
 test: $(STAMP)
 	$(PY) -m ruff check warpbridge tests benchmarks examples
@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check warpbridge tests benchmarks examples
 
 bench: $(STAMP)
-	$(PY) benchmarks/overhead.py
+	$(PY) -m warpbridge bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -17,11 +17,9 @@ Usage: python benchmarks/neighbors.py [--quick] [--device cpu|cuda]
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -36,6 +34,7 @@ sys.path.insert(0, HERE)
 from _kernels import tutorial_radius_aggregate  # noqa: E402
 
 import warpbridge as wb  # noqa: E402
+from warpbridge._measure import median_ms, peak_mib  # noqa: E402
 
 # -- the dense formulas the tutorial starts from ----------------------------------------------
 
@@ -80,52 +79,6 @@ def tutorial_forward(q, r, f, radius, sigma):
 
 
 # -- measurement ------------------------------------------------------------------------------
-
-
-def sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def median_ms(fn, device, repeat, warmup=1):
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        sync(device)
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
-
-
-def _rss_kib(field):
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field):
-                return int(line.split()[1])
-    return 0
-
-
-def peak_mib(fn, device):
-    """Peak memory a call adds on top of what is already allocated."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")  # reset VmHWM to the current RSS
-    except OSError:
-        return float("nan")
-    base = _rss_kib("VmRSS:")
-    fn()
-    return max(0, _rss_kib("VmHWM:") - base) / 1024
 
 
 def machine_floor():

@@ -1,0 +1,77 @@
+"""The `warpbridge` command end to end: demo --quick, doctor, --help and bad options."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from warpbridge import cli
+
+
+def run(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "warpbridge", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_demo_quick_end_to_end(tmp_path):
+    p = run("demo", "--quick", "--no-progress", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    data = json.loads((tmp_path / "demo.json").read_text())
+    assert (tmp_path / "demo.png").stat().st_size > 10_000
+    assert data["meta"]["device"] == "cpu" and data["meta"]["quick"] is True
+    for variant in ("radius", "knn"):
+        rows = data["variants"][variant]
+        assert set(rows) == {"torch", "torch.compile", "warpbridge"}
+        for name, r in rows.items():
+            assert r["forward_ms"] > 0 and r["step_ms"] > 0, name
+            assert r["max_grad_error"] < 1e-4, (variant, name)  # float32 against the float64 model
+            assert len(r["losses"]) == data["meta"]["sizes"][variant]["steps"]
+            assert r["losses"][-1] < r["losses"][0]
+        # the three backends train the same model from the same weights: same loss curve
+        for name in ("torch.compile", "warpbridge"):
+            assert rows[name]["losses"] == pytest.approx(rows["torch"]["losses"], rel=1e-4)
+    assert "| warpbridge    |" in p.stdout
+
+
+def test_doctor():
+    p = run("doctor", timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "warp-lang" in p.stdout and "Warp kernel cache:" in p.stdout and "torch" in p.stdout
+    report = cli.doctor_report()
+    assert report["frameworks"]["torch"]["usable"] is True
+    assert report["versions"]["warp-lang"] and os.path.isdir(report["warp_kernel_cache"])
+    assert report["frameworks"]["jax"]["why"]  # says why not
+
+
+@pytest.mark.parametrize("args", [[], ["demo"], ["bench"], ["doctor"]])
+def test_help(args, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([*args, "--help"])
+    assert e.value.code == 0
+    assert "usage: warpbridge" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["demo", "--device", "tpu"], "invalid choice: 'tpu'"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        ([], "required"),
+        (["bench", "--only", "nope"], "invalid choice: 'nope'"),
+    ],
+)
+def test_bad_options_exit_1_with_a_message(args, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(args)
+    assert e.value.code == 1
+    assert message in capsys.readouterr().err
+
+
+def test_demo_cuda_without_a_gpu_fails_cleanly(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the failure path cannot be exercised")
+    assert cli.main(["demo", "--device", "cuda"]) == 1
+    assert "no CUDA device" in capsys.readouterr().err

@@ -1,0 +1,65 @@
+"""Timing and peak-memory helpers shared by the demo and the benchmark scripts."""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def median_ms(fn: Callable[[], Any], device: str, repeat: int, warmup: int = 1) -> float:
+    """Median wall time of ``fn`` in milliseconds, the device synchronised around each call."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field):
+                return int(line.split()[1])
+    return 0
+
+
+def peak_mib(fn: Callable[[], Any], device: str) -> float:
+    """Peak memory that one call of ``fn`` adds on top of what is already in use, in MiB.
+
+    CUDA: ``torch.cuda`` peak-allocation stats. CPU: the process's peak resident set above its
+    level before the call (Linux: writing 5 to /proc/self/clear_refs resets the high-water
+    mark); NaN where that is not available.
+    """
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed heap back, so the baseline is honest
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        base = _status_kib("VmRSS:")
+    except OSError:
+        return float("nan")
+    fn()
+    return max(0, _status_kib("VmHWM:") - base) / 1024

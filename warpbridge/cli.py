@@ -1,0 +1,228 @@
+"""The ``warpbridge`` command: ``demo``, ``bench`` and ``doctor``.
+
+Exit codes: 0 on success, 1 on failure (including bad options, with a message on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+BENCHMARKS = ("overhead", "neighbors")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits with 2; the documented code is 1
+        self.print_usage(sys.stderr)
+        self.exit(1, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="warpbridge", description="NVIDIA Warp kernels as differentiable framework ops.")
+    sub = p.add_subparsers(dest="command", metavar="{demo,bench,doctor}", parser_class=_Parser)
+    sub.required = True
+    d = sub.add_parser(
+        "demo",
+        help="train the PhysicsNeMo tutorial's point-cloud model with torch, torch.compile and warpbridge",
+        description="Train the tutorial's point-cloud model (MLP -> radius or kNN aggregation onto a 3-D "
+        "grid -> MLP) with dense PyTorch, torch.compile and warpbridge side by side; print timings, peak "
+        "memory, final loss and gradient error against float64; write DIR/demo.json and DIR/demo.png.",
+    )
+    d.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="default: cpu")
+    d.add_argument("--quick", action="store_true", help="small sizes, under a minute on 2 CPU cores")
+    d.add_argument("--out", default="demo-out", metavar="DIR", help="output folder (default: demo-out)")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b = sub.add_parser(
+        "bench",
+        help="run the benchmarks and write their JSON and charts",
+        description="Run benchmarks/overhead.py and benchmarks/neighbors.py (from a source checkout), print "
+        "their tables, and write JSON and PNG charts to DIR.",
+    )
+    b.add_argument("--quick", action="store_true", help="fewer repeats")
+    b.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
+    b.add_argument("--only", choices=BENCHMARKS, action="append", help="run only this benchmark (repeatable)")
+    sub.add_parser(
+        "doctor",
+        help="versions, devices, Warp's kernel cache, and which frameworks are usable",
+        description="Report versions (warp-lang, torch, jax, paddle, numpy, Python), devices, Warp's kernel "
+        "cache location, and which frameworks warpbridge can use here and why not.",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            return demo(args)
+        if args.command == "bench":
+            return bench(args)
+        return doctor()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 1
+    except Exception as e:  # a clear one-line failure, exit code 1
+        print(f"warpbridge {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+def demo(args: argparse.Namespace) -> int:
+    missing = [m for m in ("torch", "tqdm", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"warpbridge demo: error: needs {', '.join(missing)}: pip install 'warpbridge[demo]'", file=sys.stderr)
+        return 1
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("warpbridge demo: error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
+        return 1
+    from . import _demo
+
+    _demo.run(args.device, args.quick, args.out, progress=not args.no_progress)
+    return 0
+
+
+def _benchmarks_dir() -> Path | None:
+    d = Path(__file__).resolve().parent.parent / "benchmarks"
+    return d if (d / "overhead.py").exists() else None
+
+
+def bench(args: argparse.Namespace) -> int:
+    where = _benchmarks_dir()
+    if where is None:
+        print(
+            "warpbridge bench: error: the benchmark scripts ship with the source checkout, not the wheel",
+            file=sys.stderr,
+        )
+        return 1
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    status = 0
+    for name in args.only or BENCHMARKS:
+        cmd = [sys.executable, str(where / f"{name}.py"), "--out", str(out)] + (["--quick"] if args.quick else [])
+        print(f"$ {' '.join(cmd)}", flush=True)
+        if subprocess.run(cmd).returncode != 0:
+            print(f"warpbridge bench: error: {name} failed", file=sys.stderr)
+            status = 1
+    charts = _charts(out)
+    for c in charts:
+        print(f"wrote {c}")
+    return status
+
+
+def _charts(out: Path) -> list[Path]:
+    """One bar chart per benchmark JSON in ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for path in sorted(out.glob("*.json")):
+        data = json.loads(path.read_text())
+        if path.name.startswith("overhead"):
+            sections = {"per-call overhead, µs (median)": data.get("median_us", {})}
+        elif path.name.startswith("neighbors"):
+            sections = {
+                "radius_aggregate train step, ms": {
+                    k: v["step_ms"] for k, v in data["radius"].items() if "step_ms" in v
+                },
+                "knn_aggregate forward, ms": {k: v["forward_ms"] for k, v in data["knn"].items()},
+            }
+        else:
+            continue
+        sections = {k: v for k, v in sections.items() if v}
+        if not sections:
+            continue
+        fig, axes = plt.subplots(len(sections), 1, figsize=(9, 3.2 * len(sections)), squeeze=False)
+        for ax, (title, rows) in zip(axes[:, 0], sections.items()):
+            names = list(rows)
+            ax.barh(
+                names, [rows[n] for n in names], color=["#0077bb" if "warpbridge" in n else "#999999" for n in names]
+            )
+            ax.set_xscale("log")
+            ax.set_title(title)
+            ax.invert_yaxis()
+        fig.tight_layout()
+        png = path.with_suffix(".png")
+        fig.savefig(png, dpi=100)
+        plt.close(fig)
+        written.append(png)
+    return written
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def doctor_report() -> dict:
+    """Everything ``warpbridge doctor`` prints, as a dict."""
+    from . import __version__
+    from ._plan import ensure_init
+
+    ensure_init()
+    import warp as wp
+
+    report: dict = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "versions": {
+            "warpbridge": __version__,
+            "warp-lang": wp.config.version,
+            **{d: _version(d) for d in ("numpy", "torch", "jax", "jaxlib", "paddlepaddle", "tqdm", "matplotlib")},
+        },
+        "warp_devices": [str(d) for d in wp.get_devices()],
+        "warp_kernel_cache": wp.config.kernel_cache_dir,
+        "frameworks": {},
+    }
+    fw = report["frameworks"]
+    fw["numpy"] = {"usable": True, "why": "forward only (NumPy has no autograd)"}
+    if report["versions"]["torch"]:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        fw["torch"] = {
+            "usable": True,
+            "why": f"CPU{' and CUDA: ' + torch.cuda.get_device_name() if cuda else '; no CUDA device visible to torch'}",
+        }
+    else:
+        fw["torch"] = {"usable": False, "why": "torch is not installed: pip install 'warpbridge[torch]'"}
+    for name, dist in (("jax", "jax"), ("paddle", "paddlepaddle")):
+        installed = report["versions"][dist]
+        fw[name] = {
+            "usable": False,
+            "why": "installed, but warpbridge's adapter is not written yet (issue 5)"
+            if installed
+            else f"{dist} is not installed, and warpbridge's adapter is not written yet (issue 5)",
+        }
+    return report
+
+
+def doctor() -> int:
+    r = doctor_report()
+    print(f"Python {r['python']} on {r['platform']} ({r['cpu_count']} CPUs)")
+    print("versions:")
+    for k, v in r["versions"].items():
+        print(f"  {k:<13} {v or 'not installed'}")
+    print("Warp devices: " + ", ".join(r["warp_devices"]))
+    print(f"Warp kernel cache: {r['warp_kernel_cache']}")
+    print("frameworks:")
+    for k, v in r["frameworks"].items():
+        print(f"  {k:<7} {'usable' if v['usable'] else 'not usable'}: {v['why']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
