@@ -3,6 +3,7 @@
 import importlib.util
 import os
 
+import pytest
 import torch
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "examples")
@@ -21,3 +22,39 @@ def test_rosenbrock_example_reaches_the_minimum(capsys):
     out = capsys.readouterr().out
     err = float(out.split("vs PyTorch autograd: ")[1].split()[0])
     assert err < 1e-5
+
+
+def test_warp_loss_adam_example_converges(capsys):
+    assert load("warp_loss_adam").main(steps=200) < 1e-6
+    assert "loss" in capsys.readouterr().out
+
+
+def test_compile_custom_op_example_matches_eager(capsys):
+    eager, compiled = load("compile_custom_op").main(steps=60)
+    assert abs(eager - compiled) <= 1e-4 * max(1.0, abs(eager))
+    assert "opcheck: ok" in capsys.readouterr().out
+
+
+def test_deferred_allocation_example_allocates_no_grad_in_forward(capsys):
+    result = load("deferred_allocation").main(n=200_000, device="cpu", iters=3)
+    assert result["grad_allocated_in_forward"] == {"by_hand": True, "warpbridge": False}
+    assert result["warpbridge_ms"] > 0 and result["by_hand_ms"] > 0
+
+
+def test_cuda_graph_capture_example_without_gpu_says_so(capsys):
+    if torch.cuda.is_available():
+        return test_cuda_graph_capture_example()
+    assert load("cuda_graph_capture").main() is None
+    assert "no CUDA device" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_example():
+    x = load("cuda_graph_capture").main(n=1024, replays=20)
+    assert x is not None and x.is_cuda
+
+
+@pytest.mark.gpu
+def test_deferred_allocation_example_on_gpu():
+    result = load("deferred_allocation").main(n=20_000_000, device="cuda", iters=5)
+    assert result["grad_allocated_in_forward"]["warpbridge"] is False
