@@ -9,6 +9,7 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 import platform
 import subprocess
@@ -145,10 +146,13 @@ def _charts(out: Path) -> list[Path]:
         fig, axes = plt.subplots(len(sections), 1, figsize=(9, 3.2 * len(sections)), squeeze=False)
         for ax, (title, rows) in zip(axes[:, 0], sections.items()):
             names = list(rows)
-            ax.barh(
-                names, [rows[n] for n in names], color=["#0077bb" if "warpbridge" in n else "#999999" for n in names]
-            )
+            values = [rows[n] for n in names]
+            ax.barh(names, values, color=["#0077bb" if "warpbridge" in n else "#999999" for n in names])
             ax.set_xscale("log")
+            # bars on a log axis start at its left edge: start it a decade below, and label each bar
+            ax.set_xlim(left=10 ** (math.floor(math.log10(min(values))) - 1), right=max(values) * 3)
+            for y, v in enumerate(values):
+                ax.annotate(f"{v:.3g}", (v, y), xytext=(3, 0), textcoords="offset points", va="center")
             ax.set_title(title)
             ax.invert_yaxis()
         fig.tight_layout()

@@ -91,6 +91,30 @@ def kernels(scalar: Any) -> Any:
         return wp.max(wp.max(lo - x, x - (lo + h)), T(0.0))
 
     @func
+    def aggregate_row(
+        features: wp.array2d(dtype=T),
+        dist: wp.array2d(dtype=T),
+        idx: wp.array2d(dtype=wp.int64),
+        sigma: T,
+        i: int,
+        out: wp.array2d(dtype=T),
+    ):
+        # out_i = sum_n softmax(-dist_i / sigma)_n f_idx[i, n], shifted by the nearest distance
+        nf = features.shape[1]
+        for f in range(nf):
+            out[i, f] = T(0.0)
+        nearest = dist[i, 0]
+        total = T(0.0)
+        for n in range(idx.shape[1]):
+            j = idx[i, n]
+            if j >= wp.int64(0):
+                w = wp.exp((nearest - dist[i, n]) / sigma)
+                total += w
+                row_axpy(out, i, w, features, int(j), nf)
+        if total > T(0.0):
+            row_scale(out, i, T(1.0) / total, nf)
+
+    @func
     def search_reach(radius: T) -> T:
         # Cells are chosen a hair wider than the ball, so that a pair whose rounded distance
         # is <= radius is found from either side's grid.
@@ -360,11 +384,15 @@ def kernels(scalar: Any) -> Any:
         geom: wp.array(dtype=T),
         dims: wp.array(dtype=wp.int32),
         k: int,
+        features: wp.array2d(dtype=T),
+        sigma: T,
         stride: int,
         offset: int,
         dist: wp.array2d(dtype=T),
         idx: wp.array2d(dtype=wp.int64),
+        out: wp.array2d(dtype=T),
     ):
+        # With a non-empty `out`, also aggregates (knn_aggregate) while the row is hot in cache.
         i = wp.tid() * stride + offset
         inf = T(wp.inf)
         for n in range(k):
@@ -381,6 +409,7 @@ def kernels(scalar: Any) -> Any:
             c0z = coord(q[2], geom[2], h, dz)
             count = int(0)
             ring = int(0)
+            kth2 = T(0.0)
             while True:
                 # Visit the cells at Chebyshev distance `ring` from the query's cell.
                 for cx in range(wp.max(c0x - ring, 0), wp.min(c0x + ring, dx - 1) + 1):
@@ -402,7 +431,13 @@ def kernels(scalar: Any) -> Any:
                             if cz >= 0 and cz < dz and not far:
                                 c = (cx * dy + cy) * dz + cz
                                 for s in range(starts[c], starts[c + 1]):
-                                    d = wp.length(q - sorted_points[s])
+                                    diff = q - sorted_points[s]
+                                    d2 = wp.dot(diff, diff)
+                                    # Cheap rejection on the squared distance (most candidates),
+                                    # with a margin so that rounding never rejects a tie.
+                                    if count == k and d2 > kth2:
+                                        continue
+                                    d = wp.sqrt(d2)
                                     j = wp.int64(order[s])
                                     last = dist[i, k - 1]
                                     if count < k or d < last or (d == last and j < idx[i, k - 1]):
@@ -417,6 +452,9 @@ def kernels(scalar: Any) -> Any:
                                         idx[i, pos] = j
                                         if count < k:
                                             count += 1
+                                        if count == k:
+                                            kth = dist[i, k - 1]
+                                            kth2 = kth * kth * T(1.000001) + T(1e-30)
                 # Stop once the k-th distance is below the distance to any unvisited cell.
                 bound = inf
                 if c0x - ring > 0:
@@ -437,6 +475,8 @@ def kernels(scalar: Any) -> Any:
                 if count == k and dist[i, k - 1] < bound - T(1e-5) * (wp.abs(bound) + h):
                     break
                 ring += 1
+        if out.shape[0] > 0:
+            aggregate_row(features, dist, idx, sigma, i, out)
 
     @kernel
     def knn_backward(
@@ -466,31 +506,6 @@ def kernels(scalar: Any) -> Any:
                         wp.atomic_sub(d_ref, offset, int(j), v)
         if need_query != 0:
             d_query[i] = dq
-
-    @kernel
-    def knn_aggregate_forward(
-        features: wp.array2d(dtype=T),
-        dist: wp.array2d(dtype=T),
-        idx: wp.array2d(dtype=wp.int64),
-        sigma: T,
-        stride: int,
-        offset: int,
-        out: wp.array2d(dtype=T),
-    ):
-        i = wp.tid() * stride + offset
-        nf = features.shape[1]
-        for f in range(nf):
-            out[i, f] = T(0.0)
-        nearest = dist[i, 0]
-        total = T(0.0)
-        for n in range(idx.shape[1]):
-            j = idx[i, n]
-            if j >= wp.int64(0):
-                w = wp.exp((nearest - dist[i, n]) / sigma)
-                total += w
-                row_axpy(out, i, w, features, int(j), nf)
-        if total > T(0.0):
-            row_scale(out, i, T(1.0) / total, nf)
 
     @kernel
     def knn_aggregate_backward(
@@ -555,7 +570,6 @@ def kernels(scalar: Any) -> Any:
         radius_backward_ref=radius_backward_ref,
         knn_search=knn_search,
         knn_backward=knn_backward,
-        knn_aggregate_forward=knn_aggregate_forward,
         knn_aggregate_backward=knn_aggregate_backward,
         module=module,
     )

@@ -218,21 +218,28 @@ radius_aggregate_op.register_autograd(_radius_backward, setup_context=_radius_se
 # -- knn --------------------------------------------------------------------------------------
 
 
-def _knn_search(query: Tensor, ref: Tensor, k_: int) -> tuple[Tensor, Tensor]:
+def _knn_search(
+    query: Tensor, ref: Tensor, k_: int, features: Tensor | None = None, sigma: float = 1.0
+) -> tuple[Tensor, Tensor, Tensor]:
     k, device, stream = _env(query)
     order, sorted_points, starts, geom, dims = _grid(ref, 0.0, KNN_CELLS_PER_POINT)
     m = query.shape[0]
     dist = query.new_empty((m, k_))
     idx = torch.empty((m, k_), dtype=torch.int64, device=query.device)
+    if features is None:  # no aggregation: empty stand-ins
+        features, out = query.new_empty((0, 0)), query.new_empty((0, 0))
+    else:
+        out = query.new_empty((m, features.shape[1]))
     v = _VEC[query.dtype]
-    before = [_w(query, v), _w(order), _w(sorted_points, v), _w(starts), _w(geom), _w(dims), k_]
-    _core.launch_queries(k.knn_search, m, _core.slots(device, m), before, [_w(dist), _w(idx)], device, stream)
-    return dist, idx
+    before = [_w(query, v), _w(order), _w(sorted_points, v), _w(starts), _w(geom), _w(dims), k_, _w(features), sigma]
+    after = [_w(dist), _w(idx), _w(out)]
+    _core.launch_queries(k.knn_search, m, _core.slots(device, m), before, after, device, stream)
+    return dist, idx, out
 
 
 @torch.library.custom_op("warpbridge::knn", mutates_args=())
 def knn_op(query: Tensor, ref: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    return _knn_search(query, ref, k)
+    return _knn_search(query, ref, k)[:2]
 
 
 @knn_op.register_fake
@@ -282,12 +289,7 @@ knn_op.register_autograd(_knn_backward, setup_context=_knn_setup)
 def knn_aggregate_op(
     query: Tensor, ref: Tensor, features: Tensor, k: int, sigma: float
 ) -> tuple[Tensor, Tensor, Tensor]:
-    kern, device, stream = _env(query)
-    dist, idx = _knn_search(query, ref, k)
-    m = query.shape[0]
-    out = query.new_empty((m, features.shape[1]))
-    before = [_w(features), _w(dist), _w(idx), sigma]
-    _core.launch_queries(kern.knn_aggregate_forward, m, _core.slots(device, m), before, [_w(out)], device, stream)
+    dist, idx, out = _knn_search(query, ref, k, features, sigma)
     return out, dist, idx
 
 
