@@ -123,3 +123,9 @@ def eval_rosenbrock(xy: wp.array(dtype=wp.vec2), z: wp.array(dtype=float)):
 def axpy16(x: wp.array(dtype=wp.float16), a: wp.float16, y: wp.array(dtype=wp.float16)):
     i = wp.tid()
     y[i] = a * x[i]
+
+
+@wp.kernel
+def axpb(x: wp.array(dtype=wp.float64), a: wp.float64, b: wp.array(dtype=wp.float64), y: wp.array(dtype=wp.float64)):
+    i = wp.tid()
+    y[i] = a * x[i] + b[i]

@@ -327,3 +327,14 @@ def test_plan_caches_stay_bounded_when_shapes_keep_changing():
         x = torch.ones(n, dtype=f64)
         assert op(x, x).shape == (n,)
     assert len(op._plans) <= _op.MAX_CACHED and len(op._fast) <= _op.MAX_CACHED
+
+
+def test_deepcopy_of_a_model_shares_the_op():
+    import copy
+
+    from kernels import mul64
+
+    op = wb.op(mul64)
+    model = torch.nn.Module()
+    model.op = op
+    assert copy.deepcopy(model).op is op and copy.copy(op) is op

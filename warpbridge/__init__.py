@@ -11,4 +11,13 @@ from ._op import op as op
 
 __version__ = "0.1.0"
 
-__all__ = ["WarpBridgeError", "WarpOp", "__version__", "op", "ops"]
+__all__ = ["GradBuffer", "WarpBridgeError", "WarpOp", "__version__", "op", "ops"]
+
+
+def __getattr__(name: str):
+    # GradBuffer needs torch: import it on first use, so `import warpbridge` imports no framework.
+    if name == "GradBuffer":
+        from .grad_buffer import GradBuffer
+
+        return GradBuffer
+    raise AttributeError(f"module 'warpbridge' has no attribute {name!r}")

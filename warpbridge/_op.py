@@ -82,6 +82,14 @@ class WarpOp:
         """Run the op on framework arrays; see :func:`warpbridge.op`."""
         return _adapter(self, args).call(self, args, launch_dims, output_dims)
 
+    def __deepcopy__(self, memo: dict) -> WarpOp:
+        # An op is a stateless function of its inputs (its caches only memoise): copies of a
+        # model that holds one (EMA models, DDP references) share it.
+        return self
+
+    def __copy__(self) -> WarpOp:
+        return self
+
     def __repr__(self) -> str:
         ins = ", ".join(p.name for p in self.sig.inputs)
         outs = ", ".join(p.name for p in self.sig.outputs)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
+from .. import grad_buffer as _grad_buffer
 from . import _core
 
 
@@ -24,7 +25,8 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
         t.requires_grad for p, t in zip(op.sig.array_inputs, tensors) if p.differentiable
     )
     if needs:
-        outs = _Apply.apply(c, *tensors)
+        direct = _direct_buffers(tensors) if _grad_buffer._MANAGED else None
+        outs = _Apply.apply(c, direct, *tensors)
     else:
         outs = _core.forward(c, tensors)
     return outs[0] if len(outs) == 1 else tuple(outs)
@@ -36,15 +38,40 @@ def _library_call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> A
     return _library.call(op, args, launch_dims, output_dims)
 
 
+def _direct_buffers(tensors: tuple) -> tuple | None:
+    """Per array input, the GradBuffer managing it (direct write), or None."""
+    found = tuple(_grad_buffer.buffer_of(t) if t.is_leaf and t.requires_grad else None for t in tensors)
+    return found if any(b is not None for b in found) else None
+
+
+def _direct_targets(direct: tuple, tensors: tuple, needs: tuple) -> list | None:
+    """Buffer views the adjoint may add into, for inputs whose .grad the current backward
+    will accumulate (``.backward()``, not ``autograd.grad``) and not under create_graph."""
+    if torch.is_grad_enabled():
+        return None  # create_graph=True: .grad must be built out of place, with its graph
+    targets = [None] * len(tensors)
+    for i, (gb, t, need) in enumerate(zip(direct, tensors, needs)):
+        if gb is None or not need:
+            continue
+        try:
+            will = torch._C._will_engine_execute_node(torch.autograd.graph.get_gradient_edge(t).node)
+        except RuntimeError:  # inside autograd.grad(): the gradient is returned, not stored
+            will = False
+        if will:
+            targets[i] = gb.direct_target(t)
+    return targets if any(v is not None for v in targets) else None
+
+
 class _Apply(torch.autograd.Function):
     """One autograd node per call. Tensors needed by backward go through
     ``save_for_backward`` so PyTorch's version counter catches in-place changes between
     forward and backward (rule 5); ``ctx.call`` holds only the plan and the scalars."""
 
     @staticmethod
-    def forward(ctx: Any, c: _core.Call, *tensors: torch.Tensor) -> tuple:
+    def forward(ctx: Any, c: _core.Call, direct: tuple | None, *tensors: torch.Tensor) -> tuple:
         outs = _core.forward(c, tensors)
         ctx.call = c
+        ctx.direct = direct
         ctx.save_for_backward(*tensors)
         for o, is_float in zip(outs, _core.float_outputs(c.op)):
             if not is_float:
@@ -55,5 +82,7 @@ class _Apply(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
         tensors = ctx.saved_tensors
-        in_grads = _core.backward(ctx.call, tensors, grads, ctx.needs_input_grad[1:])
-        return (None, *in_grads)
+        needs = ctx.needs_input_grad[2:]
+        targets = _direct_targets(ctx.direct, tensors, needs) if ctx.direct else None
+        in_grads = _core.backward(ctx.call, tensors, grads, needs, targets)
+        return (None, None, *in_grads)

@@ -155,13 +155,18 @@ def _out_alloc(plan: _plan.Plan) -> tuple:
 
 
 def backward(
-    call: Call, tensors: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None], needs: Sequence[bool]
+    call: Call,
+    tensors: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor | None],
+    needs: Sequence[bool],
+    targets: Sequence[torch.Tensor | None] | None = None,
 ) -> list[torch.Tensor | None]:
     """Input gradients (None where not needed) from the output gradients.
 
-    ``needs`` has one flag per array input. Input gradients are fresh zeroed buffers (rule 3);
-    output gradients are only read, unless the adjoint could add into them, in which case it
-    gets a private copy (rule 2).
+    ``needs`` has one flag per array input. Input gradients are fresh zeroed buffers (rule 3),
+    except where ``targets`` gives a GradBuffer view: the adjoint adds into it in place and
+    the input's gradient is returned as None (direct write). Output gradients are only read,
+    unless the adjoint could add into them, in which case it gets a private copy (rule 2).
     """
     op, plan, sig = call.op, call.plan, call.op.sig
     if not sig.backward_enabled:
@@ -171,9 +176,13 @@ def backward(
             "Re-create it with enable_backward=True, or call the op under torch.no_grad()",
         )
     in_grads: list[torch.Tensor | None] = []
-    for p, t, need in zip(sig.array_inputs, tensors, needs):
-        in_grads.append(torch.zeros(t.shape, dtype=t.dtype, device=t.device) if need and p.differentiable else None)
-    if not any(g is not None for g in in_grads):
+    direct = [None] * len(tensors) if targets is None else targets
+    for p, t, need, v in zip(sig.array_inputs, tensors, needs, direct):
+        if v is not None and p.differentiable:
+            in_grads.append(None)
+        else:
+            in_grads.append(torch.zeros(t.shape, dtype=t.dtype, device=t.device) if need and p.differentiable else None)
+    if not any(g is not None for g in in_grads) and not any(v is not None for v in direct):
         return in_grads
     out_grads, keep, out_ptrs = [], [], []
     for p, shape, g in zip(sig.outputs, plan.out_shapes, grads):
@@ -195,7 +204,10 @@ def backward(
         else:
             out_ptrs.append(0)
     ins = [t.data_ptr() for t in tensors]
-    gptrs = [g.data_ptr() if g is not None else 0 for g in in_grads]
+    gptrs = [
+        g.data_ptr() if g is not None else (v.data_ptr() if v is not None and p.differentiable else 0)
+        for g, v, p in zip(in_grads, direct, sig.array_inputs)
+    ]
     stream = warp_stream(call.device)
     if sig.kind == "kernel":
         plan.adjoint(ins, call.scalars, out_ptrs, gptrs, out_grads, stream)
