@@ -38,3 +38,9 @@ def tutorial_radius_aggregate(
     if total > 0.0:
         for c in range(feats.shape[1]):
             row[c] /= total + 1e-8
+
+
+@wp.kernel
+def gather_rows(table: wp.array2d(dtype=float), idx: wp.array(dtype=wp.int32), out: wp.array2d(dtype=float)):
+    i, j = wp.tid()
+    out[i, j] = table[idx[i], j]

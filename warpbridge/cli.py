@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-BENCHMARKS = ("overhead", "neighbors")
+BENCHMARKS = ("overhead", "neighbors", "grad_buffer")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser(
         "bench",
         help="run the benchmarks and write their JSON and charts",
-        description="Run benchmarks/overhead.py and benchmarks/neighbors.py (from a source checkout), print "
-        "their tables, and write JSON and PNG charts to DIR.",
+        description="Run benchmarks/overhead.py, neighbors.py and grad_buffer.py (from a source checkout), "
+        "print their tables, and write JSON and PNG charts to DIR.",
     )
     b.add_argument("--quick", action="store_true", help="fewer repeats")
     b.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
@@ -137,6 +137,14 @@ def _charts(out: Path) -> list[Path]:
                     k: v["step_ms"] for k, v in data["radius"].items() if "step_ms" in v
                 },
                 "knn_aggregate forward, ms": {k: v["forward_ms"] for k, v in data["knn"].items()},
+            }
+        elif path.name.startswith("grad_buffer"):
+            rows = {**data.get("one_process", {}), **data.get("two_processes", {})}
+            sections = {
+                f"train step, ms ({model})": {
+                    k.split("|", 1)[1].strip(): v["step_ms"] for k, v in rows.items() if k.startswith(model)
+                }
+                for model in dict.fromkeys(k.split("|")[0].strip() for k in rows)
             }
         else:
             continue

@@ -4,11 +4,12 @@ PyTorch's AccumulateGrad adds a new gradient *in place* into an existing ``.grad
 graph is being built (``variable_grad += new_grad``), so once ``.grad`` is a view into the
 buffer, every backward lands there with no copy. Two things can replace ``.grad`` with
 another tensor: ``zero_grad(set_to_none=True)`` (the optimizer default) and backward with
-``create_graph=True``. A tensor hook on each parameter, which runs just before PyTorch
-accumulates its gradient, puts the view back first (zeroed where ``.grad`` was None), so the
-next backward lands in the buffer again with exact values. ``create_graph=True`` builds a
-new ``.grad`` out of place; :meth:`GradBuffer.sync` (called by :meth:`all_reduce`) copies it
-back.
+``create_graph=True``. After ``set_to_none``, PyTorch takes the first new gradient itself as
+``.grad`` (no copy); a post-accumulate-grad hook then copies it into the view and re-attaches
+the view (one pass), so later backward passes add into the buffer again, with exact values.
+A ``.grad`` assigned by hand is moved into the view by a tensor hook just before PyTorch
+accumulates. ``create_graph=True`` builds a new ``.grad`` out of place, with its graph;
+:meth:`GradBuffer.sync` (called by :meth:`all_reduce`) copies it back.
 
 warpbridge ops go further (*direct write*): when an op's input is a managed parameter, its
 Warp adjoint accumulates straight into the parameter's buffer view and the op returns None
@@ -165,6 +166,7 @@ class GradBuffer:
                 p.grad = v
                 _register(p, self)
                 self._handles.append(p.register_hook(_make_pre_hook(ref, p)))
+                self._handles.append(p.register_post_accumulate_grad_hook(_make_post_hook(ref)))
                 if overlap:
                     self._handles.append(p.register_post_accumulate_grad_hook(_make_ready_hook(ref)))
 
@@ -330,11 +332,28 @@ def _make_pre_hook(ref: Any, p_ref: torch.Tensor) -> Any:
     p_weak = weakref.ref(p_ref)
 
     def hook(grad: torch.Tensor) -> None:
-        # Runs just before AccumulateGrad: put the view back under .grad, so the gradient is
-        # added into the buffer in place (and a .grad of None starts from zeros).
+        # Runs just before AccumulateGrad. A .grad assigned by hand is moved into the view
+        # first, so PyTorch adds into the buffer in place. A .grad of None is left alone:
+        # PyTorch then takes the new gradient as .grad without a copy, and the post hook
+        # moves it into the buffer (one copy, instead of zeroing the view and adding).
         gb, p = ref(), p_weak()
-        if gb is not None and p is not None and not torch.is_grad_enabled():
+        if gb is not None and p is not None and p.grad is not None and not torch.is_grad_enabled():
             gb.attach(p)
+
+    return hook
+
+
+def _make_post_hook(ref: Any) -> Any:
+    def hook(p: torch.Tensor) -> None:
+        gb = ref()
+        g = p.grad
+        # A .grad that carries a graph (create_graph=True) must stay as it is: sync() later.
+        if gb is not None and g is not None and not g.requires_grad:
+            v = gb._views[id(p)]
+            if g.data_ptr() != v.data_ptr() or g.stride() != v.stride():
+                with torch.no_grad():
+                    v.copy_(g)
+                p.grad = v
 
     return hook
 
