@@ -112,7 +112,11 @@ def counts(prof, model):
     for e in prof.events():
         if e.self_cpu_memory_usage >= 0.9 * small and not e.name.startswith("[") and not _under(e, "Optimizer.step"):
             allocs += 1
-        if e.name in ("aten::copy_", "aten::add_", "aten::add") and e.input_shapes and tuple(e.input_shapes[0]) in shapes:
+        if (
+            e.name in ("aten::copy_", "aten::add_", "aten::add")
+            and e.input_shapes
+            and tuple(e.input_shapes[0]) in shapes
+        ):
             copies += not _under(e, "Optimizer.step")  # the optimizer's own math is not a gradient copy
         if e.name == "gloo:all_reduce":  # what the gloo backend records per collective (DDP included)
             colls += 1
@@ -150,7 +154,10 @@ def measure(model_name, mode, micro, steps, rank=0):
         train_step(model, opt, micro, rank, steps + 2, gb, mode_, ddp)
     allocs, copies, colls = counts(prof, model)
     if gb is not None:
-        aliased = all(p.grad is None or p.grad.untyped_storage().data_ptr() == gb.buffer.untyped_storage().data_ptr() for p in model.parameters())
+        aliased = all(
+            p.grad is None or p.grad.untyped_storage().data_ptr() == gb.buffer.untyped_storage().data_ptr()
+            for p in model.parameters()
+        )
         assert aliased
     return {
         "step_ms": statistics.median(times),
@@ -218,7 +225,9 @@ def fmt(r):
 
 
 def print_table(single, two):
-    print("\n| processes | model | micro-batches | mode | step ms | grad-sized allocs | grad-sized copies/adds | collectives |")
+    print(
+        "\n| processes | model | micro-batches | mode | step ms | grad-sized allocs | grad-sized copies/adds | collectives |"
+    )
     print("|---|---|---:|---|---:|---:|---:|---:|")
     for n, rows in (("1", single), ("2", two)):
         for k, r in rows.items():
