@@ -12,7 +12,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade "pip>=25.1"
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[torch,demo]" --group dev
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[all]" --group dev
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -58,3 +58,38 @@ def test_cuda_graph_capture_example():
 def test_deferred_allocation_example_on_gpu():
     result = load("deferred_allocation").main(n=20_000_000, device="cuda", iters=5)
     assert result["grad_allocated_in_forward"]["warpbridge"] is False
+
+
+def test_paddle_adam_example_converges():
+    pytest.importorskip("paddle", reason="Paddle is not installed in this environment")
+    assert load("paddle_adam").main(steps=300) < 1e-6
+
+
+JAX_EXAMPLES = """
+import sys, numpy as np
+sys.path.insert(0, {root!r})
+import jax_examples as ex
+np.testing.assert_allclose(ex.single_output(), [0, 3, 6, 9, 12])
+s, p = ex.multiple_outputs()
+np.testing.assert_allclose(s, [2, 3, 4, 5]); np.testing.assert_allclose(p, [0, 2, 4, 6])
+np.testing.assert_allclose(ex.vector_matrix_arrays(), [[0, 1]] * 3, atol=1e-6)
+c, grad_a, expect = ex.launch_dims_with_gradients()
+np.testing.assert_allclose(c, expect, rtol=1e-6); np.testing.assert_allclose(grad_a, np.ones((3, 4)) * 2)
+out, grad = ex.multi_kernel_function_with_gradients()
+np.testing.assert_allclose(out, [1, 2, 5, 10]); np.testing.assert_allclose(grad, [0, 2, 4, 6])
+np.testing.assert_allclose(ex.shard_map_two_devices(), 3 * np.arange(8))
+print("jax examples ok")
+"""
+
+
+def test_jax_examples():
+    import subprocess
+    import sys
+
+    pytest.importorskip("jax", reason="JAX is not installed in this environment")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    p = subprocess.run(
+        [sys.executable, "-c", JAX_EXAMPLES.format(root=ROOT)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "jax examples ok" in p.stdout

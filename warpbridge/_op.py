@@ -18,7 +18,15 @@ from ._signature import Signature
 # Adapter modules by the top-level module of the array type they serve. An adapter is
 # imported only when an argument of its framework arrives, so warpbridge never imports a
 # framework the caller has not imported.
-_ADAPTERS = {"torch": "warpbridge._torch", "numpy": "warpbridge._numpy"}
+_ADAPTERS = {
+    "torch": "warpbridge._torch",
+    "numpy": "warpbridge._numpy",
+    "jax": "warpbridge._jax",
+    "paddle": "warpbridge._paddle",
+}
+# Top-level modules whose array types belong to another framework's adapter: concrete JAX
+# arrays live in jaxlib, tracers in jax.
+_ALIASES = {"jaxlib": "jax"}
 _LOADED: dict[str, Any] = {}  # a plain dict lookup, which torch.compile can trace (imports it cannot)
 _BY_TYPE: dict[type, Any] = {}  # array type -> adapter module, filled on first sight
 # Plans are cheap to rebuild (~50 us) but eager shapes can vary without end (a new batch size
@@ -152,6 +160,7 @@ def _find_adapter(op: WarpOp, args: tuple) -> Any:
             break
         a = args[p.position]
         top = type(a).__module__.partition(".")[0]
+        top = _ALIASES.get(top, top)
         if top not in _ADAPTERS:
             raise fail(
                 op.name,

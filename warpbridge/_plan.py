@@ -507,3 +507,73 @@ def prepare(op: Any, args: Sequence[Any], launch_dims: Any, output_dims: Any, fw
     ld, od = op.dims(launch_dims, output_dims)
     plan = op.plan(fw.warp_device(device), tuple(layouts), ld, od)
     return Prepared(plan, tuple(scalars), arrays, device)
+
+
+def backward(
+    op: Any,
+    plan: Plan,
+    scalars: Sequence[Any],
+    arrays: Sequence[Any],
+    grads: Sequence[Any],
+    needs: Sequence[bool],
+    fw: Any,
+    device: Any,
+    stream: Any,
+    targets: Sequence[Any] | None = None,
+) -> list:
+    """The framework-neutral backward: input gradients (None where not needed or where a
+    ``targets`` array received them in place) from the output gradients ``grads``.
+
+    Input gradients are fresh zeroed arrays from the framework (rule 3). Output gradients are
+    only read, unless the adjoint could add into them (the kernel reads that output), in which
+    case it gets a private copy (rule 2). ``fw`` adds to the ``prepare`` description:
+    ``zeros(shape, dtype name, device)``, ``private_copy(a)`` and ``ptr(a)``.
+    """
+    sig = op.sig
+    if not sig.backward_enabled:
+        raise fail(
+            op.name,
+            f"cannot differentiate: kernel '{sig.kernel.key}' was compiled with enable_backward=False. "
+            "Re-create it with enable_backward=True, or run the op without gradients",
+        )
+    direct = [None] * len(arrays) if targets is None else targets
+    in_grads: list = []
+    for p, a, need, v in zip(sig.array_inputs, arrays, needs, direct):
+        if not (need and p.differentiable) or v is not None:
+            in_grads.append(None)
+        else:
+            dtype_name, shape, *_ = fw.meta(a)
+            in_grads.append(fw.zeros(shape, dtype_name, device))
+    if all(g is None for g in in_grads) and all(v is None for v in direct):
+        return in_grads
+    out_grads, keep, out_ptrs = [], [], []
+    for p, shape, g in zip(sig.outputs, plan.out_shapes, grads):
+        full = shape + p.inner_shape
+        if g is None:
+            g = fw.zeros(full, p.dtype_name, device)
+        else:
+            _, gshape, gstrides, _, _ = fw.meta(g)
+            if p.name in sig.reads_outputs or not inner_contiguous(p, gshape, gstrides):
+                g = fw.private_copy(g)
+        keep.append(g)
+        _, _, gstrides, itemsize, _ = fw.meta(g)
+        out_grads.append((fw.ptr(g), tuple(s * itemsize for s in gstrides[: p.ndim])))
+        # The adjoint re-reads outputs only if the kernel does; it must see what the forward
+        # saw (zeros). Outputs it never reads need no memory at all.
+        if p.name in sig.reads_outputs:
+            z = fw.zeros(full, p.dtype_name, device)
+            keep.append(z)
+            out_ptrs.append(fw.ptr(z))
+        else:
+            out_ptrs.append(0)
+    ins = [fw.ptr(a) for a in arrays]
+    gptrs = [
+        fw.ptr(g) if g is not None else (fw.ptr(v) if v is not None and p.differentiable else 0)
+        for g, v, p in zip(in_grads, direct, sig.array_inputs)
+    ]
+    if sig.kind == "kernel":
+        plan.adjoint(ins, scalars, out_ptrs, gptrs, out_grads, stream)
+    else:
+        run_function_adjoint(plan, ins, scalars, out_ptrs, gptrs, out_grads, stream)
+    del keep
+    return in_grads

@@ -10,7 +10,6 @@ import torch
 import warp as wp
 
 from .. import _op, _plan
-from .._errors import fail
 from .._op import WarpOp
 
 DTYPE_NAMES = {
@@ -73,6 +72,19 @@ class _Torch:
     @staticmethod
     def contiguous(a: torch.Tensor) -> torch.Tensor:
         return a.contiguous()  # an autograd op: gradients flow back through the copy
+
+    @staticmethod
+    def zeros(shape: tuple, dtype_name: str, device: torch.device) -> torch.Tensor:
+        return torch.zeros(shape, dtype=TORCH_DTYPES[dtype_name], device=device)
+
+    @staticmethod
+    def private_copy(a: torch.Tensor) -> torch.Tensor:
+        """A contiguous copy that nothing else references."""
+        return a.contiguous().clone() if a.is_contiguous() else a.contiguous()
+
+    @staticmethod
+    def ptr(a: torch.Tensor) -> int:
+        return a.data_ptr()
 
     warp_device = staticmethod(warp_device)
 
@@ -161,60 +173,13 @@ def backward(
     needs: Sequence[bool],
     targets: Sequence[torch.Tensor | None] | None = None,
 ) -> list[torch.Tensor | None]:
-    """Input gradients (None where not needed) from the output gradients.
+    """Input gradients (None where not needed) from the output gradients (``_plan.backward``).
 
-    ``needs`` has one flag per array input. Input gradients are fresh zeroed buffers (rule 3),
-    except where ``targets`` gives a GradBuffer view: the adjoint adds into it in place and
-    the input's gradient is returned as None (direct write). Output gradients are only read,
-    unless the adjoint could add into them, in which case it gets a private copy (rule 2).
+    Where ``targets`` gives a GradBuffer view, the adjoint adds into it in place and the
+    input's gradient is returned as None (direct write).
     """
-    op, plan, sig = call.op, call.plan, call.op.sig
-    if not sig.backward_enabled:
-        raise fail(
-            op.name,
-            f"cannot differentiate: kernel '{sig.kernel.key}' was compiled with enable_backward=False. "
-            "Re-create it with enable_backward=True, or call the op under torch.no_grad()",
-        )
-    in_grads: list[torch.Tensor | None] = []
-    direct = [None] * len(tensors) if targets is None else targets
-    for p, t, need, v in zip(sig.array_inputs, tensors, needs, direct):
-        if v is not None and p.differentiable:
-            in_grads.append(None)
-        else:
-            in_grads.append(torch.zeros(t.shape, dtype=t.dtype, device=t.device) if need and p.differentiable else None)
-    if not any(g is not None for g in in_grads) and not any(v is not None for v in direct):
-        return in_grads
-    out_grads, keep, out_ptrs = [], [], []
-    for p, shape, g in zip(sig.outputs, plan.out_shapes, grads):
-        dtype = TORCH_DTYPES[p.dtype_name]
-        full = shape + p.inner_shape
-        if g is None:
-            g = torch.zeros(full, dtype=dtype, device=call.device)
-        elif p.name in sig.reads_outputs or not _plan.inner_contiguous(p, g.shape, g.stride()):
-            g = g.contiguous().clone() if g.is_contiguous() else g.contiguous()
-        keep.append(g)
-        size = g.element_size()
-        out_grads.append((g.data_ptr(), tuple(s * size for s in g.stride()[: p.ndim])))
-        # The adjoint re-reads outputs only if the kernel does; it must see what the forward
-        # saw (zeros). Outputs it never reads need no memory at all.
-        if p.name in sig.reads_outputs:
-            z = torch.zeros(full, dtype=dtype, device=call.device)
-            keep.append(z)
-            out_ptrs.append(z.data_ptr())
-        else:
-            out_ptrs.append(0)
-    ins = [t.data_ptr() for t in tensors]
-    gptrs = [
-        g.data_ptr() if g is not None else (v.data_ptr() if v is not None and p.differentiable else 0)
-        for g, v, p in zip(in_grads, direct, sig.array_inputs)
-    ]
     stream = warp_stream(call.device)
-    if sig.kind == "kernel":
-        plan.adjoint(ins, call.scalars, out_ptrs, gptrs, out_grads, stream)
-    else:
-        _plan.run_function_adjoint(plan, ins, call.scalars, out_ptrs, gptrs, out_grads, stream)
-    del keep
-    return in_grads
+    return _plan.backward(call.op, call.plan, call.scalars, tensors, grads, needs, _Torch, call.device, stream, targets)
 
 
 def float_outputs(op: WarpOp) -> tuple[bool, ...]:

@@ -1,0 +1,150 @@
+"""The same WarpOp from JAX: values against the PyTorch path, gradients against finite
+differences (jax.test_util.check_grads, float64), jit, vmap, shard_map, bad input."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import kernels as K
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="JAX is not installed in this environment")
+import jax.numpy as jnp  # noqa: E402
+import torch  # noqa: E402
+from jax.test_util import check_grads  # noqa: E402
+
+import warpbridge as wb  # noqa: E402
+from warpbridge import WarpBridgeError  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def test_forward_matches_torch_and_returns_jax_arrays():
+    op = wb.op(K.mul64)
+    x, y = rng().standard_normal(7), rng(1).standard_normal(7)
+    out = op(jnp.asarray(x), jnp.asarray(y))
+    assert isinstance(out, jax.Array) and out.dtype == jnp.float64
+    np.testing.assert_allclose(np.asarray(out), op(torch.tensor(x), torch.tensor(y)).numpy())
+
+
+def test_grad_of_a_kernel_and_jit():
+    op = wb.op(K.mul64)
+    x, y = jnp.asarray(rng().standard_normal(6)), jnp.asarray(rng(1).standard_normal(6))
+    check_grads(op, (x, y), order=1, modes=["rev"])
+    f = lambda a, b: jnp.sum(op(a, b) ** 2)
+    gx, gy = jax.jit(jax.grad(f, argnums=(0, 1)))(x, y)
+    z = jnp.sin(x) * y
+    np.testing.assert_allclose(gx, 2 * z * jnp.cos(x) * y, rtol=1e-12)
+    np.testing.assert_allclose(gy, 2 * z * jnp.sin(x), rtol=1e-12)
+
+
+def test_vector_matrix_arrays_multiple_outputs_and_scalars():
+    op = wb.op(K.vec_mat, num_outputs=2)
+    v = jnp.asarray(rng().standard_normal((5, 3)))
+    m = jnp.asarray(rng(1).standard_normal((5, 3, 3)))
+    out_v, out_n = op(v, m, 1.5)
+    assert out_v.shape == (5, 3) and out_n.shape == (5,)
+    tv, tn = op(torch.tensor(np.asarray(v)), torch.tensor(np.asarray(m)), 1.5)
+    np.testing.assert_allclose(out_v, tv.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(out_n, tn.numpy(), rtol=1e-12)
+    check_grads(lambda a, b: op(a, b, 1.5), (v, m), order=1, modes=["rev"])
+
+
+def test_output_dims_with_gradients_past_warps_limit():
+    # wp.jax_kernel(enable_backward=True) refuses output_dims; warpbridge supports both.
+    op = wb.op(K.outer, launch_dims=(3, 4), output_dims=(3, 4))
+    a, b = jnp.asarray(rng().standard_normal(3)), jnp.asarray(rng(1).standard_normal(4))
+    np.testing.assert_allclose(op(a, b), np.outer(a, np.exp(b)), rtol=1e-12)
+    check_grads(op, (a, b), order=1, modes=["rev"])
+
+
+def test_multi_kernel_function_with_gradients():
+    op = wb.op(K.exp_times)
+    x, k = jnp.asarray(rng().standard_normal(5)), jnp.asarray(rng(1).standard_normal(5))
+    np.testing.assert_allclose(op(x, k), np.exp(x) * k, rtol=1e-12)
+    check_grads(op, (x, k), order=1, modes=["rev"])
+    g1 = jax.grad(lambda a: jnp.sum(op(a, k)))(x)
+    g2 = jax.grad(lambda a: jnp.sum(op(a, k)))(x)  # stateless: the same every time
+    np.testing.assert_array_equal(g1, g2)
+
+
+def test_zeroed_outputs_accumulating_kernel_and_integer_inputs():
+    loss = wb.op(K.sum_squares, output_dims=(1,), launch_dims=(10,))
+    xs = jnp.asarray(rng().standard_normal((10, 2)))
+    np.testing.assert_allclose(loss(xs)[0], np.sum(np.asarray(xs) ** 2), rtol=1e-12)
+    np.testing.assert_allclose(jax.grad(lambda a: loss(a)[0])(xs), 2 * xs, rtol=1e-12)
+    scatter = wb.op(K.scatter_add, launch_dims=(6, 2), output_dims=(3, 2))
+    x = jnp.asarray(rng(2).standard_normal((6, 2)))
+    idx = jnp.asarray([0, 2, 2, 1, 0, 2], dtype=jnp.int64)
+    w = jnp.asarray(rng(3).standard_normal(6))
+    # check_grads perturbs with NumPy arrays; one call takes one framework's arrays
+    check_grads(lambda a, b: scatter(jnp.asarray(a), idx, jnp.asarray(b)), (x, w), order=1, modes=["rev"])
+
+
+def test_a_kernel_that_reads_its_output():
+    op = wb.op(K.reads_output)
+    x = jnp.asarray(rng().standard_normal(5))
+    check_grads(op, (x,), order=1, modes=["rev"])
+
+
+def test_vmap_runs_one_launch_per_element():
+    op = wb.op(K.mul64)
+    x = jnp.asarray(rng().standard_normal((3, 4)))
+    y = jnp.asarray(rng(1).standard_normal((3, 4)))
+    np.testing.assert_allclose(jax.vmap(op)(x, y), np.sin(x) * y, rtol=1e-12)
+    g = jax.grad(lambda a: jnp.sum(jax.vmap(op)(a, y)))(x)
+    np.testing.assert_allclose(g, np.cos(x) * y, rtol=1e-12)
+
+
+def test_bad_input():
+    op = wb.op(K.scale_shift)
+    x = jnp.ones(3)
+    with pytest.raises(WarpBridgeError, match="scalar argument 's' is a traced JAX value.*static_argnums"):
+        jax.jit(lambda s: op(x, s, 1, False))(2.0)
+    with pytest.raises(WarpBridgeError, match="all arrays must come from one framework"):
+        wb.op(K.mul64)(x, np.ones(3))
+    with pytest.raises(WarpBridgeError, match="must have dtype float64, got float32"):
+        wb.op(K.mul64)(jnp.ones(3, dtype=jnp.float32), jnp.ones(3, dtype=jnp.float32))
+    with pytest.raises(WarpBridgeError, match="must be 1-D"):
+        wb.op(K.mul64)(jnp.ones((3, 2)), jnp.ones((3, 2)))
+    no_adj = wb.op(K.no_adjoint)
+    with pytest.raises(WarpBridgeError, match="enable_backward=False"):
+        jax.grad(lambda a: jnp.sum(no_adj(a)))(jnp.ones(3, dtype=jnp.float32))
+
+
+SHARD_MAP = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    from jax.sharding import Mesh, PartitionSpec as P
+    import kernels as K, warpbridge as wb
+    assert len(jax.devices()) == 2, jax.devices()
+    op = wb.op(K.mul64)
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    shard_map = getattr(jax, "shard_map", None) or __import__("jax.experimental.shard_map", fromlist=["x"]).shard_map
+    f = shard_map(lambda a, b: op(a, b), mesh=mesh, in_specs=(P("x"), P("x")), out_specs=P("x"))
+    x = jnp.arange(8.0); y = jnp.arange(8.0) + 1
+    out = jax.jit(f)(x, y)
+    np.testing.assert_allclose(out, np.sin(x) * y, rtol=1e-12)
+    assert len(out.sharding.device_set) == 2
+    g = jax.grad(lambda a: jnp.sum(f(a, y)))(x)
+    np.testing.assert_allclose(g, np.cos(x) * y, rtol=1e-12)
+    print("shard_map ok")
+    """
+)
+
+
+def test_shard_map_across_two_host_devices():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    code = SHARD_MAP.format(tests=os.path.dirname(__file__))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "shard_map ok" in p.stdout

@@ -1,0 +1,135 @@
+"""Paddle adapter: validation and launch plans from ``_plan``, gradients through one
+``paddle.autograd.PyLayer`` per call, the backward shared with the other adapters
+(``_plan.backward``).
+
+Warp only ever sees raw data pointers of Paddle tensors: no ``wp.from_paddle`` /
+``wp.to_paddle``, so no DLPack capsules whose deleters warp-lang 1.19 can hang on at
+interpreter exit, and no ``wp.init()`` ordering trap (warpbridge initialises Warp itself).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import paddle
+import warp as wp
+from paddle.autograd import PyLayer
+
+from . import _plan
+
+DTYPE_NAMES = {
+    paddle.float16: "float16",
+    paddle.float32: "float32",
+    paddle.float64: "float64",
+    paddle.int8: "int8",
+    paddle.int16: "int16",
+    paddle.int32: "int32",
+    paddle.int64: "int64",
+    paddle.uint8: "uint8",
+    paddle.bool: "bool",
+}
+_devices: dict[str, Any] = {}
+
+
+def _place_name(t: paddle.Tensor) -> str:
+    place = t.place
+    if place.is_gpu_place():
+        return f"cuda:{place.gpu_device_id()}"
+    return "cpu"
+
+
+class _Paddle:
+    name = "paddle"
+    array_name = "paddle.Tensor"
+    default_device = "cpu"
+
+    @staticmethod
+    def is_array(a: Any) -> bool:
+        return isinstance(a, paddle.Tensor)
+
+    @staticmethod
+    def meta(a: paddle.Tensor) -> tuple:
+        return DTYPE_NAMES.get(a.dtype), tuple(a.shape), tuple(a.strides), a.element_size(), _place_name(a)
+
+    @staticmethod
+    def contiguous(a: paddle.Tensor) -> paddle.Tensor:
+        return a.contiguous()
+
+    @staticmethod
+    def warp_device(device: str) -> Any:
+        d = _devices.get(device)
+        if d is None:
+            d = _devices[device] = wp.get_device(device)
+        return d
+
+    @staticmethod
+    def zeros(shape: tuple, dtype_name: str, device: str) -> paddle.Tensor:
+        return paddle.zeros(shape, dtype=dtype_name).to(device)
+
+    @staticmethod
+    def private_copy(a: paddle.Tensor) -> paddle.Tensor:
+        return a.contiguous().clone()
+
+    @staticmethod
+    def ptr(a: paddle.Tensor) -> int:
+        return a.data_ptr()
+
+
+def _stream(device: str) -> Any:
+    if device == "cpu":
+        return None
+    # Paddle's current stream on that device, as a Warp stream (launch order with Paddle's work)
+    return wp.stream_from_paddle(device)
+
+
+def _forward(op: Any, pr: _plan.Prepared) -> list:
+    plan, device = pr.plan, pr.device
+    outs = [
+        _Paddle.zeros(shape + p.inner_shape, p.dtype_name, device) for p, shape in zip(op.sig.outputs, plan.out_shapes)
+    ]
+    ins = [t.data_ptr() for t in pr.arrays]
+    out_ptrs = [o.data_ptr() for o in outs]
+    if op.sig.kind == "kernel":
+        plan.forward(ins, pr.scalars, out_ptrs, _stream(device))
+    else:
+        _plan.run_function(plan, ins, pr.scalars, out_ptrs, _stream(device))
+    return outs
+
+
+class _Apply(PyLayer):
+    """One autograd node per call; inputs saved with ``save_for_backward``."""
+
+    @staticmethod
+    def forward(ctx: Any, op: Any, pr: _plan.Prepared, *tensors: paddle.Tensor) -> Any:
+        outs = _forward(op, pr)
+        ctx.op, ctx.pr = op, pr._replace(arrays=[])  # the plan and scalars; tensors are saved below
+        ctx.save_for_backward(*tensors)
+        ctx.needs = [not t.stop_gradient for t in tensors]
+        for o, p in zip(outs, op.sig.outputs):
+            if not p.is_float:
+                ctx.mark_non_differentiable(o)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: paddle.Tensor) -> Any:
+        tensors = ctx.saved_tensor()
+        op, pr = ctx.op, ctx.pr
+        floats = iter(grads)
+        # Paddle hands gradients only for differentiable (float) outputs
+        out_grads = [next(floats, None) if p.is_float else None for p in op.sig.outputs]
+        in_grads = _plan.backward(
+            op, pr.plan, pr.scalars, tensors, out_grads, ctx.needs, _Paddle, pr.device, _stream(pr.device)
+        )
+        result = tuple(g if need else None for g, need in zip(in_grads, ctx.needs))
+        return result[0] if len(result) == 1 else result
+
+
+def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
+    pr = _plan.prepare(op, args, launch_dims, output_dims, _Paddle)
+    needs = paddle.is_grad_enabled() and any(
+        not t.stop_gradient for p, t in zip(op.sig.array_inputs, pr.arrays) if p.differentiable
+    )
+    if needs:
+        return _Apply.apply(op, pr, *pr.arrays)
+    outs = _forward(op, pr)
+    return outs[0] if len(outs) == 1 else tuple(outs)
