@@ -491,7 +491,7 @@ def _bad_cases():
         (
             "radius_aggregate",
             lambda: wb.ops.radius_aggregate(q.numpy(), r, f, 0.5, 0.1),
-            "'query' must be a torch.Tensor, got numpy.ndarray",
+            "'query' must be a torch.Tensor, jax.Array or paddle.Tensor, got numpy.ndarray",
         ),
         (
             "radius_aggregate",

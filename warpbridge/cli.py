@@ -211,14 +211,15 @@ def doctor_report() -> dict:
         }
     else:
         fw["torch"] = {"usable": False, "why": "torch is not installed: pip install 'warpbridge[torch]'"}
-    for name, dist in (("jax", "jax"), ("paddle", "paddlepaddle")):
-        installed = report["versions"][dist]
-        fw[name] = {
-            "usable": False,
-            "why": "installed, but warpbridge's adapter is not written yet (issue 5)"
-            if installed
-            else f"{dist} is not installed, and warpbridge's adapter is not written yet (issue 5)",
-        }
+    for name, dist, extra in (("jax", "jax", "jax"), ("paddle", "paddlepaddle", "paddle")):
+        if not report["versions"][dist]:
+            fw[name] = {"usable": False, "why": f"{dist} is not installed: pip install 'warpbridge[{extra}]'"}
+            continue
+        try:
+            importlib.import_module(name)
+            fw[name] = {"usable": True, "why": "ops, gradients and warpbridge.ops (see docs/jax-paddle.md)"}
+        except Exception as e:  # an installed framework that fails to import says why
+            fw[name] = {"usable": False, "why": f"import {name} failed: {type(e).__name__}: {e}"}
     return report
 
 

@@ -13,6 +13,7 @@ NaN or infinite coordinate is nobody's neighbour; a non-finite query point has n
 
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
 from typing import Any
@@ -24,6 +25,7 @@ from ._core import set_num_threads as set_num_threads
 __all__ = ["get_num_threads", "knn", "knn_aggregate", "radius_aggregate", "set_num_threads"]
 
 _ADAPTERS: dict[type, Any] = {}  # array type -> adapter module; a dict lookup torch.compile can trace
+_MODULES = {"torch": "torch", "jax": "jax", "jaxlib": "jax", "paddle": "paddle"}  # top-level module -> adapter
 
 
 def _adapter(op: str, arrays: dict[str, Any]) -> Any:
@@ -32,17 +34,16 @@ def _adapter(op: str, arrays: dict[str, Any]) -> Any:
         return mods.pop()
     found = None
     for name, a in arrays.items():
-        top = type(a).__module__.partition(".")[0]
-        if top != "torch":
-            raise fail(op, f"'{name}' must be a torch.Tensor, got {describe(a)}")
+        top = _MODULES.get(type(a).__module__.partition(".")[0])
+        if top is None:
+            raise fail(op, f"'{name}' must be a torch.Tensor, jax.Array or paddle.Tensor, got {describe(a)}")
         if found is not None and found != top:
             raise fail(op, f"all arrays must come from one framework, got {found} and {top} ('{name}')")
         found = top
-    from . import _torch
-
+    mod = importlib.import_module(f"warpbridge.ops._{found}")
     for a in arrays.values():
-        _ADAPTERS[type(a)] = _torch
-    return _torch
+        _ADAPTERS[type(a)] = mod
+    return mod
 
 
 def _check_clouds(op: str, adapter: Any, arrays: dict[str, Any]) -> None:

@@ -126,6 +126,11 @@ def kernels(scalar: Any) -> Any:
         return int(wp.clamp(c, T(0.0), T(d - 1)))
 
     @kernel
+    def grid_init(lohi: wp.array(dtype=V)):
+        lohi[0] = V(T(wp.inf))
+        lohi[1] = V(T(-wp.inf))
+
+    @kernel
     def grid_bounds(points: wp.array(dtype=V), lohi: wp.array(dtype=V)):
         i = wp.tid()
         p = points[i]
@@ -561,6 +566,7 @@ def kernels(scalar: Any) -> Any:
 
     return _Kernels(
         V=V,
+        grid_init=grid_init,
         grid_bounds=grid_bounds,
         grid_setup=grid_setup,
         grid_assign=grid_assign,

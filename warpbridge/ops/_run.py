@@ -1,0 +1,154 @@
+"""The point ops' forward and backward, once, for every framework.
+
+Each function takes a framework description ``fw`` (see :class:`Framework`) and that
+framework's arrays, allocates what it needs through ``fw`` and returns framework arrays.
+The PyTorch custom ops, the Paddle PyLayers and the JAX callables are thin wrappers around
+these functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import warp as wp
+
+from . import _core
+
+RADIUS_CELLS_PER_POINT = 8
+KNN_CELLS_PER_POINT = 2
+GRID_ARRAYS = 5  # order, sorted points, cell starts, geometry, dims
+
+
+class Framework(Protocol):
+    """What a framework provides to the runners (one instance per call)."""
+
+    kernels: Any  # _kernels.kernels(T) for the points' dtype
+    device: Any  # wp.Device
+    stream: Any  # wp.Stream or None
+    dtype: str  # "float32" or "float64"
+
+    def empty(self, shape: tuple, dtype: str) -> Any: ...
+    def zeros(self, shape: tuple, dtype: str) -> Any: ...
+    def warp(self, a: Any, vec3: bool = False) -> wp.array: ...
+    def fold(self, slots: Any) -> Any: ...  # sum over the leading (slot) dim, in a fixed order
+
+
+def grid_shapes(n: int, cells_per_point: int, dtype: str) -> list[tuple[tuple, str]]:
+    cap = _core.grid_capacity(n, cells_per_point)
+    return [((n,), "int32"), ((n, 3), dtype), ((cap + 2,), "int32"), ((4,), dtype), ((3,), "int32")]
+
+
+def grid(fw: Framework, points: Any, n: int, min_cell: float, cells_per_point: int) -> tuple:
+    cap = _core.grid_capacity(n, cells_per_point)
+    order, sorted_points, starts, geom, dims = (fw.empty(s, d) for s, d in grid_shapes(n, cells_per_point, fw.dtype))
+    lohi = fw.empty((2, 3), fw.dtype)
+    cell_of = fw.empty((n,), "int32")
+    counts = fw.zeros((cap + 2,), "int32")
+    cursor = fw.empty((cap + 2,), "int32")
+    w = fw.warp
+    with wp.ScopedStream(fw.stream) if fw.stream is not None else wp.ScopedDevice(fw.device):
+        wp.launch(fw.kernels.grid_init, dim=1, inputs=[w(lohi, True)], device=fw.device)
+    _core.build_grid(
+        fw.kernels,
+        w(points, True),
+        min_cell,
+        (w(lohi, True), w(cell_of), w(counts), w(cursor)),
+        (w(order), w(sorted_points, True), w(starts), w(geom), w(dims)),
+        fw.device,
+        fw.stream,
+    )
+    return order, sorted_points, starts, geom, dims
+
+
+def _slots(fw: Framework, m: int) -> int:
+    # A framework may cap the scatter slots (1: no fold needed)
+    return min(_core.slots(fw.device, m), getattr(fw, "max_slots", 1 << 30))
+
+
+# -- radius_aggregate ----------------------------------------------------------------------------
+
+
+def radius_forward(
+    fw: Framework, query: Any, ref: Any, features: Any, m: int, n: int, f: int, radius: float, sigma: float
+):
+    """(out (M, F), stats (M, 2), *grid)"""
+    g = grid(fw, ref, n, radius, RADIUS_CELLS_PER_POINT)
+    out = fw.empty((m, f), fw.dtype)
+    stats = fw.empty((m, 2), fw.dtype)
+    w = fw.warp
+    before = [w(query, True), w(features), w(g[0]), w(g[1], True), w(g[2]), w(g[3]), w(g[4]), radius, sigma]
+    _core.launch_queries(fw.kernels.radius_forward, m, _slots(fw, m), before, [w(out), w(stats)], fw.device, fw.stream)
+    return (out, stats, *g)
+
+
+def radius_backward(fw, grad, query, ref, features, out, stats, g, m, n, f, radius, sigma, needs):
+    """(d_query (M, 3) or (0, 3), d_ref (N, 3) or (0, 3), d_features (N, F) or (0, F))"""
+    dq = fw.empty((m, 3) if needs[0] else (0, 3), fw.dtype)
+    dr = fw.empty((n, 3) if needs[1] else (0, 3), fw.dtype)
+    df = fw.empty((n, f) if needs[2] else (0, f), fw.dtype)
+    if not any(needs):
+        return dq, dr, df
+    w = fw.warp
+    g_out = fw.empty((m,), fw.dtype)
+    before = [w(query, True), w(features), w(g[0]), w(g[1], True), w(g[2]), w(g[3]), w(g[4])]
+    before += [radius, sigma, w(out), w(stats), w(grad), int(needs[0])]
+    k = fw.kernels
+    _core.launch_queries(
+        k.radius_backward_query, m, _slots(fw, m), before, [w(g_out), w(dq, True)], fw.device, fw.stream
+    )
+    if needs[1] or needs[2]:
+        # The reference side gathers over the queries within the radius: a grid over them.
+        qg = grid(fw, query, m, radius, RADIUS_CELLS_PER_POINT)
+        before = [w(ref, True), w(features), w(qg[0]), w(qg[1], True), w(qg[2]), w(qg[3]), w(qg[4])]
+        before += [radius, sigma, w(stats), w(grad), w(g_out), int(needs[1]), int(needs[2])]
+        _core.launch_queries(
+            k.radius_backward_ref, n, _slots(fw, n), before, [w(dr, True), w(df)], fw.device, fw.stream
+        )
+    return dq, dr, df
+
+
+# -- knn ------------------------------------------------------------------------------------------
+
+
+def knn_forward(fw, query, ref, m, n, k, features=None, f=0, sigma=1.0):
+    """(dist (M, k), idx (M, k) int64, out (M, F) or (0, 0)): the search, and the aggregation
+    fused into it when ``features`` is given."""
+    g = grid(fw, ref, n, 0.0, KNN_CELLS_PER_POINT)
+    dist = fw.empty((m, k), fw.dtype)
+    idx = fw.empty((m, k), "int64")
+    if features is None:
+        features, out = fw.empty((0, 0), fw.dtype), fw.empty((0, 0), fw.dtype)
+    else:
+        out = fw.empty((m, f), fw.dtype)
+    w = fw.warp
+    before = [w(query, True), w(g[0]), w(g[1], True), w(g[2]), w(g[3]), w(g[4]), k, w(features), sigma]
+    after = [w(dist), w(idx), w(out)]
+    _core.launch_queries(fw.kernels.knn_search, m, _slots(fw, m), before, after, fw.device, fw.stream)
+    return dist, idx, out
+
+
+def knn_backward(fw, grad, query, ref, idx, m, n, needs):
+    s = _slots(fw, m)
+    dq = fw.zeros((m, 3) if needs[0] else (0, 3), fw.dtype)
+    dr = fw.zeros((s, n, 3) if needs[1] else (1, 0, 3), fw.dtype)
+    if any(needs):
+        w = fw.warp
+        before = [w(query, True), w(ref, True), w(idx), w(grad), int(needs[0]), int(needs[1])]
+        _core.launch_queries(
+            fw.kernels.knn_backward, m, s, before, [w(dq, True), w(dr, True)], fw.device, fw.stream, scatter=True
+        )
+    return dq, fw.fold(dr)
+
+
+def knn_aggregate_backward(fw, grad, query, ref, features, dist, idx, out, m, n, f, sigma, needs):
+    s = _slots(fw, m)
+    dq = fw.zeros((m, 3) if needs[0] else (0, 3), fw.dtype)
+    dr = fw.zeros((s, n, 3) if needs[1] else (1, 0, 3), fw.dtype)
+    df = fw.zeros((s, n, f) if needs[2] else (1, 0, f), fw.dtype)
+    if any(needs):
+        w = fw.warp
+        before = [w(query, True), w(ref, True), w(features), w(dist), w(idx), sigma, w(out), w(grad)]
+        before += [int(needs[0]), int(needs[1]), int(needs[2])]
+        after = [w(dq, True), w(dr, True), w(df)]
+        _core.launch_queries(fw.kernels.knn_aggregate_backward, m, s, before, after, fw.device, fw.stream, scatter=True)
+    return dq, fw.fold(dr), fw.fold(df)
