@@ -69,7 +69,20 @@ class _Radius(PyLayer):
         query, ref, features, out, stats, *grid = ctx.saved_tensor()
         m, n, f = query.shape[0], ref.shape[0], features.shape[1]
         grads = _run.radius_backward(
-            _Fw(query), grad.contiguous(), query, ref, features, out, stats, grid, m, n, f, ctx.radius, ctx.sigma, ctx.needs
+            _Fw(query),
+            grad.contiguous(),
+            query,
+            ref,
+            features,
+            out,
+            stats,
+            grid,
+            m,
+            n,
+            f,
+            ctx.radius,
+            ctx.sigma,
+            ctx.needs,
         )
         return _grads(ctx.needs, grads)
 

@@ -128,9 +128,20 @@ def _radius_setup(ctx, inputs, output):
     query, ref, features, radius, sigma = inputs
     ctx.save_for_backward(query, ref, features, *output)
     ctx.radius, ctx.sigma = radius, sigma
+    _aux_outputs(ctx, output[1:])
+
+
+def _aux_outputs(ctx, aux):
+    # The saved state (stats, grid, dist/idx) gets no gradient. Without this, autograd would
+    # fill zero gradients for it on every backward: a parallel fill that wakes PyTorch's
+    # OpenMP threads, which then spin on the cores the backward kernels are about to use.
+    ctx.mark_non_differentiable(*aux)
+    ctx.set_materialize_grads(False)
 
 
 def _radius_backward(ctx, grad, *unused):
+    if grad is None:
+        return None, None, None, None, None
     query, ref, features, out, stats, *grid = ctx.saved_tensors
     needs = list(ctx.needs_input_grad[:3])
     dq, dr, df = torch.ops.warpbridge.radius_aggregate_backward(
@@ -169,9 +180,12 @@ def _(grad, query, ref, idx, needs):
 def _knn_setup(ctx, inputs, output):
     query, ref, _ = inputs
     ctx.save_for_backward(query, ref, output[1])
+    _aux_outputs(ctx, output[1:])
 
 
 def _knn_backward(ctx, grad_dist, grad_idx):
+    if grad_dist is None:
+        return None, None, None
     query, ref, idx = ctx.saved_tensors
     needs = list(ctx.needs_input_grad[:2])
     dq, dr = torch.ops.warpbridge.knn_backward(grad_dist, query, ref, idx, needs)
@@ -231,9 +245,12 @@ def _knn_aggregate_setup(ctx, inputs, output):
     out, dist, idx = output
     ctx.save_for_backward(query, ref, features, dist, idx, out)
     ctx.sigma = sigma
+    _aux_outputs(ctx, output[1:])
 
 
 def _knn_aggregate_backward(ctx, grad, *unused):
+    if grad is None:
+        return None, None, None, None, None
     query, ref, features, dist, idx, out = ctx.saved_tensors
     needs = list(ctx.needs_input_grad[:3])
     dq, dr, df = torch.ops.warpbridge.knn_aggregate_backward(
