@@ -101,7 +101,8 @@ def _radius(m: int, n: int, f: int, dtype: str, radius: float, sigma: float) -> 
     fwd = _callable(
         forward,
         [("query", A2), ("ref", A2), ("features", A2)],
-        [("out", A2, (m, f)), ("stats", A2, (m, 2))] + [(nm, t, s) for nm, t, (s, _) in zip(gnames, gtypes, gshapes)],
+        [("out", A2, (m, f)), ("stats", A2, (m, _run.STATS))]
+        + [(nm, t, s) for nm, t, (s, _) in zip(gnames, gtypes, gshapes)],
     )
 
     def backward(grad, q, r, feats, out, stats, *grid):

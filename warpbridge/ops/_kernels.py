@@ -233,6 +233,7 @@ def kernels(scalar: Any) -> Any:
         total = T(0.0)  # sum of the shifted weights exp((nearest - d) / sigma)
         nearest = T(0.0)
         found = int(0)
+        count = int(0)  # neighbours: sizes the backward's pair list
         if wp.isfinite(q):
             h = geom[3]
             reach = search_reach(radius)
@@ -261,11 +262,13 @@ def kernels(scalar: Any) -> Any:
                                 found = 1
                             w = wp.exp((nearest - d) / sigma)
                             total += w
+                            count += 1
                             row_axpy(out, i, w, features, j, nf)
         if found != 0:
             row_scale(out, i, T(1.0) / total, nf)
         stats[i, 0] = total
         stats[i, 1] = nearest
+        stats[i, 2] = T(count)
 
     # The radius backward runs as two gathers, no scatter: one pass over the queries (their
     # gradient) and one over the references (theirs and the features'), each searching the
@@ -377,6 +380,140 @@ def kernels(scalar: Any) -> Any:
                             if need_ref != 0 and d > T(0.0):
                                 g_f = row_dot(grad, i, features, j, nf)
                                 dr -= diff * (p * (g_out[i] - g_f) / (sigma * d))
+        if need_ref != 0:
+            d_ref[j] = dr
+
+    # On the CPU the radius backward keeps the query pass's search and records each pair
+    # (query, reference, p, dr coefficient) at a fixed place in a list sized by the forward's
+    # neighbour counts; the reference side then gathers over that list, transposed, instead of
+    # searching a grid over the queries. Fixed positions: deterministic with any chunking.
+
+    @kernel
+    def pair_counts(stats: wp.array2d(dtype=T), counts: wp.array(dtype=wp.int32)):
+        i = wp.tid()
+        counts[i] = int(stats[i, 2])
+
+    @kernel
+    def radius_backward_query_pairs(
+        query: wp.array(dtype=V),
+        features: wp.array2d(dtype=T),
+        order: wp.array(dtype=wp.int32),
+        sorted_points: wp.array(dtype=V),
+        starts: wp.array(dtype=wp.int32),
+        geom: wp.array(dtype=T),
+        dims: wp.array(dtype=wp.int32),
+        radius: T,
+        sigma: T,
+        out: wp.array2d(dtype=T),
+        stats: wp.array2d(dtype=T),
+        grad: wp.array2d(dtype=T),
+        need_query: int,
+        need_ref: int,
+        offsets: wp.array(dtype=wp.int32),
+        stride: int,
+        offset: int,
+        g_out: wp.array(dtype=T),
+        d_query: wp.array(dtype=V),
+        pair_query: wp.array(dtype=wp.int32),
+        pair_ref: wp.array(dtype=wp.int32),
+        pair_p: wp.array(dtype=T),
+        pair_c: wp.array(dtype=T),
+    ):
+        i = wp.tid() * stride + offset
+        nf = features.shape[1]
+        go = row_dot(grad, i, out, i, nf)
+        g_out[i] = go
+        total = stats[i, 0]
+        dq = V(T(0.0))
+        k = offsets[i]
+        if total > T(0.0):
+            q = query[i]
+            nearest = stats[i, 1]
+            inv = T(1.0) / total
+            h = geom[3]
+            reach = search_reach(radius)
+            x0 = coord(q[0] - reach, geom[0], h, dims[0])
+            x1 = coord(q[0] + reach, geom[0], h, dims[0])
+            y0 = coord(q[1] - reach, geom[1], h, dims[1])
+            y1 = coord(q[1] + reach, geom[1], h, dims[1])
+            z0 = coord(q[2] - reach, geom[2], h, dims[2])
+            z1 = coord(q[2] + reach, geom[2], h, dims[2])
+            for cx in range(x0, x1 + 1):
+                for cy in range(y0, y1 + 1):
+                    base = (cx * dims[1] + cy) * dims[2]
+                    for s in range(starts[base + z0], starts[base + z1 + 1]):
+                        diff = q - sorted_points[s]
+                        d = wp.length(diff)
+                        if d <= radius:
+                            j = order[s]
+                            p = wp.exp((nearest - d) / sigma) * inv
+                            c = T(0.0)
+                            if (need_query != 0 or need_ref != 0) and d > T(0.0):
+                                g_f = row_dot(grad, i, features, j, nf)
+                                c = p * (go - g_f) / (sigma * d)  # dL/dq_i += c diff, dL/dr_j -= c diff
+                                dq += diff * c
+                            pair_query[k] = i
+                            pair_ref[k] = j
+                            pair_p[k] = p
+                            pair_c[k] = c
+                            k += 1
+        if need_query != 0:
+            d_query[i] = dq
+
+    @kernel
+    def pairs_by_ref(
+        pair_ref: wp.array(dtype=wp.int32),
+        n_ref: int,
+        ref_starts: wp.array(dtype=wp.int32),
+        cursor: wp.array(dtype=wp.int32),
+        by_ref: wp.array(dtype=wp.int32),
+    ):
+        # One thread: a counting sort of the pairs by reference, stable (ascending pair index).
+        n_pairs = pair_ref.shape[0]
+        for j in range(n_ref + 1):
+            ref_starts[j] = 0
+        for k in range(n_pairs):
+            ref_starts[pair_ref[k] + 1] += 1
+        for j in range(n_ref):
+            ref_starts[j + 1] += ref_starts[j]
+        for j in range(n_ref):
+            cursor[j] = ref_starts[j]
+        for k in range(n_pairs):
+            j = pair_ref[k]
+            by_ref[cursor[j]] = k
+            cursor[j] += 1
+
+    @kernel
+    def radius_backward_ref_pairs(
+        query: wp.array(dtype=V),
+        ref: wp.array(dtype=V),
+        grad: wp.array2d(dtype=T),
+        ref_starts: wp.array(dtype=wp.int32),
+        by_ref: wp.array(dtype=wp.int32),
+        pair_query: wp.array(dtype=wp.int32),
+        pair_p: wp.array(dtype=T),
+        pair_c: wp.array(dtype=T),
+        need_ref: int,
+        need_features: int,
+        stride: int,
+        offset: int,
+        d_ref: wp.array(dtype=V),
+        d_features: wp.array2d(dtype=T),
+    ):
+        j = wp.tid() * stride + offset
+        nf = grad.shape[1]
+        if need_features != 0:
+            for f in range(nf):
+                d_features[j, f] = T(0.0)
+        dr = V(T(0.0))
+        r = ref[j]
+        for s in range(ref_starts[j], ref_starts[j + 1]):
+            k = by_ref[s]
+            i = pair_query[k]
+            if need_features != 0:
+                row_axpy(d_features, j, pair_p[k], grad, i, nf)
+            if need_ref != 0:
+                dr -= (query[i] - r) * pair_c[k]
         if need_ref != 0:
             d_ref[j] = dr
 
@@ -574,6 +711,10 @@ def kernels(scalar: Any) -> Any:
         radius_forward=radius_forward,
         radius_backward_query=radius_backward_query,
         radius_backward_ref=radius_backward_ref,
+        pair_counts=pair_counts,
+        radius_backward_query_pairs=radius_backward_query_pairs,
+        pairs_by_ref=pairs_by_ref,
+        radius_backward_ref_pairs=radius_backward_ref_pairs,
         knn_search=knn_search,
         knn_backward=knn_backward,
         knn_aggregate_backward=knn_aggregate_backward,

@@ -17,6 +17,10 @@ from . import _core
 RADIUS_CELLS_PER_POINT = 8
 KNN_CELLS_PER_POINT = 2
 GRID_ARRAYS = 5  # order, sorted points, cell starts, geometry, dims
+STATS = 3  # per query: weight sum, nearest distance, neighbour count
+# The CPU radius backward records its neighbour pairs while they fit in this many per point
+# (beyond, e.g. a radius spanning the whole cloud, it searches from both sides instead).
+PAIRS_PER_POINT = 64
 
 
 class Framework(Protocol):
@@ -71,10 +75,10 @@ def _slots(fw: Framework, m: int) -> int:
 def radius_forward(
     fw: Framework, query: Any, ref: Any, features: Any, m: int, n: int, f: int, radius: float, sigma: float
 ):
-    """(out (M, F), stats (M, 2), *grid)"""
+    """(out (M, F), stats (M, 3): weight sum, nearest distance, neighbour count; *grid)"""
     g = grid(fw, ref, n, radius, RADIUS_CELLS_PER_POINT)
     out = fw.empty((m, f), fw.dtype)
-    stats = fw.empty((m, 2), fw.dtype)
+    stats = fw.empty((m, STATS), fw.dtype)
     w = fw.warp
     before = [w(query, True), w(features), w(g[0]), w(g[1], True), w(g[2]), w(g[3]), w(g[4]), radius, sigma]
     _core.launch_queries(fw.kernels.radius_forward, m, _slots(fw, m), before, [w(out), w(stats)], fw.device, fw.stream)
@@ -90,9 +94,30 @@ def radius_backward(fw, grad, query, ref, features, out, stats, g, m, n, f, radi
         return dq, dr, df
     w = fw.warp
     g_out = fw.empty((m,), fw.dtype)
+    k = fw.kernels
+    pairs = _pair_count(fw, stats, m) if fw.device.is_cpu and (needs[1] or needs[2]) else None
+    if pairs is not None and pairs[0] <= PAIRS_PER_POINT * (m + n) + (1 << 16):
+        n_pairs, offsets = pairs
+        pq, pr = fw.empty((n_pairs,), "int32"), fw.empty((n_pairs,), "int32")
+        pp, pc = fw.empty((n_pairs,), fw.dtype), fw.empty((n_pairs,), fw.dtype)
+        before = [w(query, True), w(features), w(g[0]), w(g[1], True), w(g[2]), w(g[3]), w(g[4])]
+        before += [radius, sigma, w(out), w(stats), w(grad), int(needs[0]), int(needs[1]), w(offsets)]
+        after = [w(g_out), w(dq, True), w(pq), w(pr), w(pp), w(pc)]
+        _core.launch_queries(k.radius_backward_query_pairs, m, _slots(fw, m), before, after, fw.device, fw.stream)
+        ref_starts, cursor, by_ref = (
+            fw.empty((n + 1,), "int32"),
+            fw.empty((max(n, 1),), "int32"),
+            fw.empty((n_pairs,), "int32"),
+        )
+        wp.launch(k.pairs_by_ref, dim=1, inputs=[w(pr), n, w(ref_starts), w(cursor), w(by_ref)], device=fw.device)
+        before = [w(query, True), w(ref, True), w(grad), w(ref_starts), w(by_ref), w(pq), w(pp), w(pc)]
+        before += [int(needs[1]), int(needs[2])]
+        _core.launch_queries(
+            k.radius_backward_ref_pairs, n, _slots(fw, n), before, [w(dr, True), w(df)], fw.device, fw.stream
+        )
+        return dq, dr, df
     before = [w(query, True), w(features), w(g[0]), w(g[1], True), w(g[2]), w(g[3]), w(g[4])]
     before += [radius, sigma, w(out), w(stats), w(grad), int(needs[0])]
-    k = fw.kernels
     _core.launch_queries(
         k.radius_backward_query, m, _slots(fw, m), before, [w(g_out), w(dq, True)], fw.device, fw.stream
     )
@@ -105,6 +130,18 @@ def radius_backward(fw, grad, query, ref, features, out, stats, g, m, n, f, radi
             k.radius_backward_ref, n, _slots(fw, n), before, [w(dr, True), w(df)], fw.device, fw.stream
         )
     return dq, dr, df
+
+
+def _pair_count(fw: Framework, stats: Any, m: int) -> tuple[int, Any]:
+    """(number of neighbour pairs, exclusive offsets (M + 1,)) from the forward's counts.
+    CPU only: reading the total is free there (on CUDA it would synchronise)."""
+    counts = fw.zeros((m + 1,), "int32")
+    offsets = fw.empty((m + 1,), "int32")
+    w = fw.warp
+    if m:
+        wp.launch(fw.kernels.pair_counts, dim=m, inputs=[w(stats), w(counts)], device=fw.device)
+    wp.utils.array_scan(w(counts), w(offsets), inclusive=False)
+    return int(w(offsets).numpy()[m]), offsets
 
 
 # -- knn ------------------------------------------------------------------------------------------

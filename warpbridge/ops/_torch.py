@@ -92,7 +92,7 @@ def radius_aggregate_op(
 def _(query, ref, features, radius, sigma):
     m = query.shape[0]
     grid = _fake_grid(ref, _run.RADIUS_CELLS_PER_POINT)
-    return (query.new_empty((m, features.shape[1])), query.new_empty((m, 2)), *grid)
+    return (query.new_empty((m, features.shape[1])), query.new_empty((m, _run.STATS)), *grid)
 
 
 @torch.library.custom_op("warpbridge::radius_aggregate_backward", mutates_args=())
