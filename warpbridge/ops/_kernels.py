@@ -115,6 +115,40 @@ def kernels(scalar: Any) -> Any:
             row_scale(out, i, T(1.0) / total, nf)
 
     @func
+    def knn_consider(
+        q: V,
+        sorted_points: wp.array(dtype=V),
+        order: wp.array(dtype=wp.int32),
+        s: int,
+        i: int,
+        k: int,
+        count: int,
+        dist: wp.array2d(dtype=T),
+        idx: wp.array2d(dtype=wp.int64),
+    ) -> int:
+        # Insert candidate s into query i's sorted top-k (distance, then index); returns the
+        # new count. Most candidates are rejected on the squared distance, with a margin so
+        # that rounding never rejects a tie.
+        diff = q - sorted_points[s]
+        d2 = wp.dot(diff, diff)
+        new_count = count
+        last = dist[i, k - 1]
+        if count < k or d2 <= last * last * T(1.000001) + T(1e-30):
+            d = wp.sqrt(d2)
+            j = wp.int64(order[s])
+            if count < k or d < last or (d == last and j < idx[i, k - 1]):
+                pos = wp.min(count, k - 1)
+                while pos > 0 and (d < dist[i, pos - 1] or (d == dist[i, pos - 1] and j < idx[i, pos - 1])):
+                    dist[i, pos] = dist[i, pos - 1]
+                    idx[i, pos] = idx[i, pos - 1]
+                    pos -= 1
+                dist[i, pos] = d
+                idx[i, pos] = j
+                if count < k:
+                    new_count = count + 1
+        return new_count
+
+    @func
     def search_reach(radius: T) -> T:
         # Cells are chosen a hair wider than the ball, so that a pair whose rounded distance
         # is <= radius is found from either side's grid.
@@ -551,52 +585,43 @@ def kernels(scalar: Any) -> Any:
             c0z = coord(q[2], geom[2], h, dz)
             count = int(0)
             ring = int(0)
-            kth2 = T(0.0)
             while True:
-                # Visit the cells at Chebyshev distance `ring` from the query's cell.
+                # Visit the cells at Chebyshev distance `ring` from the query's cell: whole
+                # z-columns where x or y is on the shell (one contiguous run of points,
+                # trimmed to the current k-th distance), the two z faces elsewhere.
                 for cx in range(wp.max(c0x - ring, 0), wp.min(c0x + ring, dx - 1) + 1):
+                    bx = axis_gap(q[0], geom[0], h, cx)
                     for cy in range(wp.max(c0y - ring, 0), wp.min(c0y + ring, dy - 1) + 1):
-                        shell = wp.abs(cx - c0x) == ring or wp.abs(cy - c0y) == ring
-                        zstep = 1
-                        if not shell:
-                            zstep = 2 * ring  # only the two z faces of the shell
-                        bx = axis_gap(q[0], geom[0], h, cx)
                         by = axis_gap(q[1], geom[1], h, cy)
-                        for cz in range(c0z - ring, c0z + ring + 1, wp.max(zstep, 1)):
-                            # Skip cells whose box is farther than the current k-th distance
-                            # (with a margin for rounding: never skip a possible tie).
-                            bz = axis_gap(q[2], geom[2], h, cz)
-                            far = False
+                        base = (cx * dy + cy) * dz
+                        gxy2 = bx * bx + by * by
+                        if wp.abs(cx - c0x) == ring or wp.abs(cy - c0y) == ring:
+                            z0 = wp.max(c0z - ring, 0)
+                            z1 = wp.min(c0z + ring, dz - 1)
+                            visit = True
                             if count == k:
-                                gap = wp.sqrt(bx * bx + by * by + bz * bz)
-                                far = gap > dist[i, k - 1] * T(1.00001) + T(1e-6) * h
-                            if cz >= 0 and cz < dz and not far:
-                                c = (cx * dy + cy) * dz + cz
-                                for s in range(starts[c], starts[c + 1]):
-                                    diff = q - sorted_points[s]
-                                    d2 = wp.dot(diff, diff)
-                                    # Cheap rejection on the squared distance (most candidates),
-                                    # with a margin so that rounding never rejects a tie.
-                                    if count == k and d2 > kth2:
-                                        continue
-                                    d = wp.sqrt(d2)
-                                    j = wp.int64(order[s])
-                                    last = dist[i, k - 1]
-                                    if count < k or d < last or (d == last and j < idx[i, k - 1]):
-                                        pos = wp.min(count, k - 1)
-                                        while pos > 0 and (
-                                            d < dist[i, pos - 1] or (d == dist[i, pos - 1] and j < idx[i, pos - 1])
-                                        ):
-                                            dist[i, pos] = dist[i, pos - 1]
-                                            idx[i, pos] = idx[i, pos - 1]
-                                            pos -= 1
-                                        dist[i, pos] = d
-                                        idx[i, pos] = j
-                                        if count < k:
-                                            count += 1
-                                        if count == k:
-                                            kth = dist[i, k - 1]
-                                            kth2 = kth * kth * T(1.000001) + T(1e-30)
+                                # margin for rounding: never skip a possible tie
+                                lim = dist[i, k - 1] * T(1.00001) + T(1e-6) * h
+                                if gxy2 > lim * lim:
+                                    visit = False
+                                else:
+                                    zr = wp.sqrt(lim * lim - gxy2)
+                                    z0 = wp.max(z0, coord(q[2] - zr, geom[2], h, dz))
+                                    z1 = wp.min(z1, coord(q[2] + zr, geom[2], h, dz))
+                            if visit and z0 <= z1:
+                                for s in range(starts[base + z0], starts[base + z1 + 1]):
+                                    count = knn_consider(q, sorted_points, order, s, i, k, count, dist, idx)
+                        else:
+                            for cz in range(c0z - ring, c0z + ring + 1, wp.max(2 * ring, 1)):
+                                if cz >= 0 and cz < dz:
+                                    bz = axis_gap(q[2], geom[2], h, cz)
+                                    far = False
+                                    if count == k:
+                                        lim = dist[i, k - 1] * T(1.00001) + T(1e-6) * h
+                                        far = gxy2 + bz * bz > lim * lim
+                                    if not far:
+                                        for s in range(starts[base + cz], starts[base + cz + 1]):
+                                            count = knn_consider(q, sorted_points, order, s, i, k, count, dist, idx)
                 # Stop once the k-th distance is below the distance to any unvisited cell.
                 bound = inf
                 if c0x - ring > 0:
