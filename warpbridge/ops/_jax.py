@@ -5,13 +5,13 @@ vmap work; radius, sigma and k are static)."""
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any
 
 import jax
 import numpy as np
 import warp as wp
 
+from .._jax import _annotated
 from .._plan import ensure_init
 from . import _core, _run
 
@@ -50,14 +50,6 @@ class _Fw:
     @staticmethod
     def fold(slots: wp.array) -> wp.array:
         return slots[0]
-
-
-def _annotated(fn, params):
-    fn.__signature__ = inspect.Signature(
-        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=t) for n, t in params]
-    )
-    fn.__annotations__ = {**dict(params), "return": None}
-    return fn
 
 
 def _copy_out(outs: list, results: tuple) -> None:

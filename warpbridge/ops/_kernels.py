@@ -159,6 +159,23 @@ def kernels(scalar: Any) -> Any:
         c = wp.floor((x - o) / h)
         return int(wp.clamp(c, T(0.0), T(d - 1)))
 
+    @func
+    def ball_cells(p: V, radius: T, geom: wp.array(dtype=T), dims: wp.array(dtype=wp.int32)):
+        """The first and last cell, per axis, that a ball around p can touch."""
+        h = geom[3]
+        reach = search_reach(radius)
+        lo = wp.vec3i(
+            coord(p[0] - reach, geom[0], h, dims[0]),
+            coord(p[1] - reach, geom[1], h, dims[1]),
+            coord(p[2] - reach, geom[2], h, dims[2]),
+        )
+        hi = wp.vec3i(
+            coord(p[0] + reach, geom[0], h, dims[0]),
+            coord(p[1] + reach, geom[1], h, dims[1]),
+            coord(p[2] + reach, geom[2], h, dims[2]),
+        )
+        return lo, hi
+
     @kernel
     def grid_init(lohi: wp.array(dtype=V)):
         lohi[0] = V(T(wp.inf))
@@ -269,18 +286,11 @@ def kernels(scalar: Any) -> Any:
         found = int(0)
         count = int(0)  # neighbours: sizes the backward's pair list
         if wp.isfinite(q):
-            h = geom[3]
-            reach = search_reach(radius)
-            x0 = coord(q[0] - reach, geom[0], h, dims[0])
-            x1 = coord(q[0] + reach, geom[0], h, dims[0])
-            y0 = coord(q[1] - reach, geom[1], h, dims[1])
-            y1 = coord(q[1] + reach, geom[1], h, dims[1])
-            z0 = coord(q[2] - reach, geom[2], h, dims[2])
-            z1 = coord(q[2] + reach, geom[2], h, dims[2])
-            for cx in range(x0, x1 + 1):
-                for cy in range(y0, y1 + 1):
+            lo, hi = ball_cells(q, radius, geom, dims)
+            for cx in range(lo[0], hi[0] + 1):
+                for cy in range(lo[1], hi[1] + 1):
                     base = (cx * dims[1] + cy) * dims[2]
-                    for s in range(starts[base + z0], starts[base + z1 + 1]):
+                    for s in range(starts[base + lo[2]], starts[base + hi[2] + 1]):
                         d = wp.length(q - sorted_points[s])
                         if d <= radius:
                             j = order[s]
@@ -313,57 +323,6 @@ def kernels(scalar: Any) -> Any:
     #   dd_ij/dq_i = (q_i - r_j) / d_ij = -dd_ij/dr_j         (taken as 0 where they coincide)
 
     @kernel
-    def radius_backward_query(
-        query: wp.array(dtype=V),
-        features: wp.array2d(dtype=T),
-        order: wp.array(dtype=wp.int32),
-        sorted_points: wp.array(dtype=V),
-        starts: wp.array(dtype=wp.int32),
-        geom: wp.array(dtype=T),
-        dims: wp.array(dtype=wp.int32),
-        radius: T,
-        sigma: T,
-        out: wp.array2d(dtype=T),
-        stats: wp.array2d(dtype=T),
-        grad: wp.array2d(dtype=T),
-        need_query: int,
-        stride: int,
-        offset: int,
-        g_out: wp.array(dtype=T),
-        d_query: wp.array(dtype=V),
-    ):
-        i = wp.tid() * stride + offset
-        nf = features.shape[1]
-        go = row_dot(grad, i, out, i, nf)
-        g_out[i] = go
-        total = stats[i, 0]
-        dq = V(T(0.0))
-        if need_query != 0 and total > T(0.0):
-            q = query[i]
-            nearest = stats[i, 1]
-            inv = T(1.0) / total
-            h = geom[3]
-            reach = search_reach(radius)
-            x0 = coord(q[0] - reach, geom[0], h, dims[0])
-            x1 = coord(q[0] + reach, geom[0], h, dims[0])
-            y0 = coord(q[1] - reach, geom[1], h, dims[1])
-            y1 = coord(q[1] + reach, geom[1], h, dims[1])
-            z0 = coord(q[2] - reach, geom[2], h, dims[2])
-            z1 = coord(q[2] + reach, geom[2], h, dims[2])
-            for cx in range(x0, x1 + 1):
-                for cy in range(y0, y1 + 1):
-                    base = (cx * dims[1] + cy) * dims[2]
-                    for s in range(starts[base + z0], starts[base + z1 + 1]):
-                        diff = q - sorted_points[s]
-                        d = wp.length(diff)
-                        if d <= radius and d > T(0.0):
-                            g_f = row_dot(grad, i, features, order[s], nf)
-                            p = wp.exp((nearest - d) / sigma) * inv
-                            dq += diff * (p * (go - g_f) / (sigma * d))
-        if need_query != 0:
-            d_query[i] = dq
-
-    @kernel
     def radius_backward_ref(
         ref: wp.array(dtype=V),
         features: wp.array2d(dtype=T),
@@ -392,18 +351,11 @@ def kernels(scalar: Any) -> Any:
             for f in range(nf):
                 d_features[j, f] = T(0.0)
         if wp.isfinite(r):
-            h = q_geom[3]
-            reach = search_reach(radius)
-            x0 = coord(r[0] - reach, q_geom[0], h, q_dims[0])
-            x1 = coord(r[0] + reach, q_geom[0], h, q_dims[0])
-            y0 = coord(r[1] - reach, q_geom[1], h, q_dims[1])
-            y1 = coord(r[1] + reach, q_geom[1], h, q_dims[1])
-            z0 = coord(r[2] - reach, q_geom[2], h, q_dims[2])
-            z1 = coord(r[2] + reach, q_geom[2], h, q_dims[2])
-            for cx in range(x0, x1 + 1):
-                for cy in range(y0, y1 + 1):
+            lo, hi = ball_cells(r, radius, q_geom, q_dims)
+            for cx in range(lo[0], hi[0] + 1):
+                for cy in range(lo[1], hi[1] + 1):
                     base = (cx * q_dims[1] + cy) * q_dims[2]
-                    for s in range(q_starts[base + z0], q_starts[base + z1 + 1]):
+                    for s in range(q_starts[base + lo[2]], q_starts[base + hi[2] + 1]):
                         diff = q_sorted[s] - r  # q - r, exactly as the forward computed it
                         d = wp.length(diff)
                         if d <= radius:
@@ -428,7 +380,7 @@ def kernels(scalar: Any) -> Any:
         counts[i] = int(stats[i, 2])
 
     @kernel
-    def radius_backward_query_pairs(
+    def radius_backward_query(
         query: wp.array(dtype=V),
         features: wp.array2d(dtype=T),
         order: wp.array(dtype=wp.int32),
@@ -453,29 +405,27 @@ def kernels(scalar: Any) -> Any:
         pair_p: wp.array(dtype=T),
         pair_c: wp.array(dtype=T),
     ):
+        # The queries' gradient, and g.out for the reference side. With non-empty pair arrays
+        # (the CPU path) it also records each pair at offsets[i] onwards.
         i = wp.tid() * stride + offset
         nf = features.shape[1]
         go = row_dot(grad, i, out, i, nf)
         g_out[i] = go
         total = stats[i, 0]
         dq = V(T(0.0))
-        k = offsets[i]
-        if total > T(0.0):
+        record = pair_query.shape[0] > 0
+        k = int(0)
+        if record:
+            k = offsets[i]
+        if total > T(0.0) and (need_query != 0 or record):
             q = query[i]
             nearest = stats[i, 1]
             inv = T(1.0) / total
-            h = geom[3]
-            reach = search_reach(radius)
-            x0 = coord(q[0] - reach, geom[0], h, dims[0])
-            x1 = coord(q[0] + reach, geom[0], h, dims[0])
-            y0 = coord(q[1] - reach, geom[1], h, dims[1])
-            y1 = coord(q[1] + reach, geom[1], h, dims[1])
-            z0 = coord(q[2] - reach, geom[2], h, dims[2])
-            z1 = coord(q[2] + reach, geom[2], h, dims[2])
-            for cx in range(x0, x1 + 1):
-                for cy in range(y0, y1 + 1):
+            lo, hi = ball_cells(q, radius, geom, dims)
+            for cx in range(lo[0], hi[0] + 1):
+                for cy in range(lo[1], hi[1] + 1):
                     base = (cx * dims[1] + cy) * dims[2]
-                    for s in range(starts[base + z0], starts[base + z1 + 1]):
+                    for s in range(starts[base + lo[2]], starts[base + hi[2] + 1]):
                         diff = q - sorted_points[s]
                         d = wp.length(diff)
                         if d <= radius:
@@ -486,11 +436,12 @@ def kernels(scalar: Any) -> Any:
                                 g_f = row_dot(grad, i, features, j, nf)
                                 c = p * (go - g_f) / (sigma * d)  # dL/dq_i += c diff, dL/dr_j -= c diff
                                 dq += diff * c
-                            pair_query[k] = i
-                            pair_ref[k] = j
-                            pair_p[k] = p
-                            pair_c[k] = c
-                            k += 1
+                            if record:
+                                pair_query[k] = i
+                                pair_ref[k] = j
+                                pair_p[k] = p
+                                pair_c[k] = c
+                                k += 1
         if need_query != 0:
             d_query[i] = dq
 
@@ -737,7 +688,6 @@ def kernels(scalar: Any) -> Any:
         radius_backward_query=radius_backward_query,
         radius_backward_ref=radius_backward_ref,
         pair_counts=pair_counts,
-        radius_backward_query_pairs=radius_backward_query_pairs,
         pairs_by_ref=pairs_by_ref,
         radius_backward_ref_pairs=radius_backward_ref_pairs,
         knn_search=knn_search,

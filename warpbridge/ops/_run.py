@@ -96,32 +96,24 @@ def radius_backward(fw, grad, query, ref, features, out, stats, g, m, n, f, radi
     g_out = fw.empty((m,), fw.dtype)
     k = fw.kernels
     pairs = _pair_count(fw, stats, m) if fw.device.is_cpu and (needs[1] or needs[2]) else None
-    if pairs is not None and pairs[0] <= PAIRS_PER_POINT * (m + n) + (1 << 16):
-        n_pairs, offsets = pairs
-        pq, pr = fw.empty((n_pairs,), "int32"), fw.empty((n_pairs,), "int32")
-        pp, pc = fw.empty((n_pairs,), fw.dtype), fw.empty((n_pairs,), fw.dtype)
-        before = [w(query, True), w(features), w(g[0]), w(g[1], True), w(g[2]), w(g[3]), w(g[4])]
-        before += [radius, sigma, w(out), w(stats), w(grad), int(needs[0]), int(needs[1]), w(offsets)]
-        after = [w(g_out), w(dq, True), w(pq), w(pr), w(pp), w(pc)]
-        _core.launch_queries(k.radius_backward_query_pairs, m, _slots(fw, m), before, after, fw.device, fw.stream)
-        ref_starts, cursor, by_ref = (
-            fw.empty((n + 1,), "int32"),
-            fw.empty((max(n, 1),), "int32"),
-            fw.empty((n_pairs,), "int32"),
-        )
+    if pairs is not None and pairs[0] > PAIRS_PER_POINT * (m + n) + (1 << 16):
+        pairs = None  # too many to record: search from the reference side instead
+    n_pairs, offsets = pairs if pairs is not None else (0, fw.empty((0,), "int32"))
+    pq, pr = fw.empty((n_pairs,), "int32"), fw.empty((n_pairs,), "int32")
+    pp, pc = fw.empty((n_pairs,), fw.dtype), fw.empty((n_pairs,), fw.dtype)
+    before = [w(query, True), w(features), w(g[0]), w(g[1], True), w(g[2]), w(g[3]), w(g[4])]
+    before += [radius, sigma, w(out), w(stats), w(grad), int(needs[0]), int(needs[1]), w(offsets)]
+    after = [w(g_out), w(dq, True), w(pq), w(pr), w(pp), w(pc)]
+    _core.launch_queries(k.radius_backward_query, m, _slots(fw, m), before, after, fw.device, fw.stream)
+    if pairs is not None:
+        ref_starts, cursor = fw.empty((n + 1,), "int32"), fw.empty((max(n, 1),), "int32")
+        by_ref = fw.empty((n_pairs,), "int32")
         wp.launch(k.pairs_by_ref, dim=1, inputs=[w(pr), n, w(ref_starts), w(cursor), w(by_ref)], device=fw.device)
         before = [w(query, True), w(ref, True), w(grad), w(ref_starts), w(by_ref), w(pq), w(pp), w(pc)]
         before += [int(needs[1]), int(needs[2])]
-        _core.launch_queries(
-            k.radius_backward_ref_pairs, n, _slots(fw, n), before, [w(dr, True), w(df)], fw.device, fw.stream
-        )
-        return dq, dr, df
-    before = [w(query, True), w(features), w(g[0]), w(g[1], True), w(g[2]), w(g[3]), w(g[4])]
-    before += [radius, sigma, w(out), w(stats), w(grad), int(needs[0])]
-    _core.launch_queries(
-        k.radius_backward_query, m, _slots(fw, m), before, [w(g_out), w(dq, True)], fw.device, fw.stream
-    )
-    if needs[1] or needs[2]:
+        after = [w(dr, True), w(df)]
+        _core.launch_queries(k.radius_backward_ref_pairs, n, _slots(fw, n), before, after, fw.device, fw.stream)
+    elif needs[1] or needs[2]:
         # The reference side gathers over the queries within the radius: a grid over them.
         qg = grid(fw, query, m, radius, RADIUS_CELLS_PER_POINT)
         before = [w(ref, True), w(features), w(qg[0]), w(qg[1], True), w(qg[2]), w(qg[3]), w(qg[4])]
