@@ -163,16 +163,22 @@ def radius_rows(args, q, r, f, radius, sigma):
         rows["dense torch.compile"]["step_ms"] = median_ms(cstep, dev, dense_rep)
         rows["dense torch.compile"]["peak_step_mib"] = peak_mib(cstep, dev)
         measure("tutorial Warp kernel (forward only)", lambda: tutorial_forward(q, r, f, radius, sigma), None)
-    threads = [1, os.cpu_count() or 1] if dev == "cpu" else [None]
-    for n in dict.fromkeys(threads):
-        if n is not None:
-            wb.ops.set_num_threads(n)
-        name = "warpbridge" + (f" ({n} thread{'s' if n > 1 else ''})" if n else "")
-        if args.only_ours:
-            name += " [OMP_WAIT_POLICY=passive]"
+    for name in warpbridge_configs(args):
         measure(name, lambda: ours(q, r, f), step_fn(ours, q, r, f))
-    wb.ops.set_num_threads(None)
     return rows
+
+
+def warpbridge_configs(args):
+    """Set warpbridge's CPU threads to 1, then all cores, yielding each row's name."""
+    threads = [1, os.cpu_count() or 1] if args.device == "cpu" else [None]
+    try:
+        for n in dict.fromkeys(threads):
+            if n is not None:
+                wb.ops.set_num_threads(n)
+            name = "warpbridge" + (f" ({n} thread{'s' if n > 1 else ''})" if n else "")
+            yield name + (" [OMP_WAIT_POLICY=passive]" if args.only_ours else "")
+    finally:
+        wb.ops.set_num_threads(None)
 
 
 def knn_rows(args, q, r, f, k, sigma):
@@ -181,19 +187,12 @@ def knn_rows(args, q, r, f, k, sigma):
     if dev == "cpu" and not args.only_ours:
         t = median_ms(lambda: kdtree_knn_aggregate(q, r, f, k, sigma), dev, rep)
         rows["scipy cKDTree(workers=-1) + gather + softmax"] = {"forward_ms": t}
-    threads = [1, os.cpu_count() or 1] if dev == "cpu" else [None]
-    for n in dict.fromkeys(threads):
-        if n is not None:
-            wb.ops.set_num_threads(n)
-        name = "warpbridge" + (f" ({n} thread{'s' if n > 1 else ''})" if n else "")
-        if args.only_ours:
-            name += " [OMP_WAIT_POLICY=passive]"
+    for name in warpbridge_configs(args):
         with torch.no_grad():
             rows[name] = {"forward_ms": median_ms(lambda: wb.ops.knn_aggregate(q, r, f, k, sigma), dev, rep)}
         rows[name]["step_ms"] = median_ms(
             step_fn(lambda a, b, c: wb.ops.knn_aggregate(a, b, c, k, sigma), q, r, f), dev, rep
         )
-    wb.ops.set_num_threads(None)
     for name, row in rows.items():
         print(f"  {name:<34} " + "  ".join(f"{a}={v:.3g}" for a, v in row.items()), flush=True)
     return rows
