@@ -32,6 +32,8 @@ _BY_TYPE: dict[type, Any] = {}  # array type -> adapter module, filled on first 
 # Plans are cheap to rebuild (~50 us) but eager shapes can vary without end (a new batch size
 # every step): past this many, a cache starts over rather than grow for the life of the op.
 MAX_CACHED = 256
+# How torch.vmap (and jax.vmap) batch an op; see warpbridge/_torch/_func.py.
+VMAP_METHODS = ("sequential", "expand_dims", "broadcast_all")
 
 
 class WarpOp:
@@ -45,10 +47,16 @@ class WarpOp:
         launch_dims: Any = None,
         output_dims: Any = None,
         name: str | None = None,
+        vmap_method: str = "sequential",
     ):
         name = _default_name(fn) if name is None else name
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise WarpBridgeError(f"op(): name must be a Python identifier, got {name!r}")
+        if vmap_method not in VMAP_METHODS:
+            raise WarpBridgeError(
+                f"{name}: vmap_method must be one of {', '.join(map(repr, VMAP_METHODS))}, got {vmap_method!r}"
+            )
+        self.vmap_method = vmap_method
         _plan.ensure_init()
         self.name = name
         self.sig = Signature(fn, num_outputs, name)
@@ -188,6 +196,7 @@ def op(
     launch_dims: Any = None,
     output_dims: Any = None,
     name: str | None = None,
+    vmap_method: str = "sequential",
 ) -> Any:
     """Turn a Warp kernel, or a function that launches kernels, into a differentiable operator.
 
@@ -202,6 +211,12 @@ def op(
         output_dims: output Warp shape(s): one tuple for all outputs or a dict keyed by output
             name; default: the launch dims. Overridable per call.
         name: the op's name (``torch.ops.warpbridge.<name>``); default: the kernel's key.
+        vmap_method: how ``torch.vmap`` batches the op. ``"sequential"`` (default, always
+            correct) launches once per batch element. ``"broadcast_all"`` folds the batch
+            into the first launch dimension (one launch; unbatched arrays are expanded to the
+            batch); ``"expand_dims"`` folds batched arrays and shares unbatched ones. Both
+            declare that the kernel is elementwise over its first dimension; see
+            ``docs/torch-func.md``.
 
     Returns:
         A :class:`WarpOp`; without ``fn``, a decorator that makes one.
@@ -220,6 +235,7 @@ def op(
 
         y = square(torch.arange(4.0, requires_grad=True))  # tensor([0., 1., 4., 9.])
     """
+    kw = dict(num_outputs=num_outputs, launch_dims=launch_dims, output_dims=output_dims, name=name)
     if fn is None:
-        return lambda f: WarpOp(f, num_outputs=num_outputs, launch_dims=launch_dims, output_dims=output_dims, name=name)
-    return WarpOp(fn, num_outputs=num_outputs, launch_dims=launch_dims, output_dims=output_dims, name=name)
+        return lambda f: WarpOp(f, **kw, vmap_method=vmap_method)
+    return WarpOp(fn, **kw, vmap_method=vmap_method)

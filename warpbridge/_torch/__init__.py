@@ -2,8 +2,8 @@
 
 Eager calls take a lean path: validation, a cached launch plan and, when gradients are
 needed, one ``torch.autograd.Function``. Under ``torch.compile`` the same call is routed to
-the registered custom op (``torch.ops.warpbridge.<name>``, see ``_library``), whose forward
-and backward run the very same ``_core`` functions.
+the registered custom op (``torch.ops.warpbridge.<name>``, see ``_library``), and under
+torch.func transforms to ``_func``; all three run the very same ``_core`` functions.
 """
 
 from __future__ import annotations
@@ -14,12 +14,17 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import grad_buffer as _grad_buffer
-from . import _core
+from . import _core, _func
 
 
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     if torch.compiler.is_compiling():
         return _library_call(op, args, launch_dims, output_dims)
+    if _func.active():  # torch.vmap / torch.func.grad / vjp / jacrev
+        op.check_arity(args)
+        rule = _func.OpRule(op, args, launch_dims, output_dims)
+        outs = _func.apply(rule, [args[i] for i in op._array_positions])
+        return outs[0] if len(outs) == 1 else tuple(outs)
     c, tensors = _core.prepare_cached(op, args, launch_dims, output_dims)
     needs = torch.is_grad_enabled() and any(
         t.requires_grad for p, t in zip(op.sig.array_inputs, tensors) if p.differentiable

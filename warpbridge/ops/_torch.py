@@ -17,6 +17,7 @@ import warp as wp
 from torch import Tensor
 
 from .._plan import ensure_init
+from .._torch import _func
 from .._torch._core import warp_device, warp_stream
 from . import _core, _run
 
@@ -262,16 +263,53 @@ def _knn_aggregate_backward(ctx, grad, *unused):
 knn_aggregate_op.register_autograd(_knn_aggregate_backward, setup_context=_knn_aggregate_setup)
 
 
+# -- torch.func (vmap over a batch of clouds, functional grad, jacrev) -----------------------
+# Under a transform the calls go through ``_func`` (see its docstring); batching is
+# sequential: each cloud gets its own grid, and clouds of one batch share the shapes, so the
+# saved grids stack like any output.
+
+
+class _PointRule(_func.Rule):
+    """One point-op call: the forward op's scalars, the backward op's scalars (before
+    ``needs``), and which forward outputs the backward op takes after the inputs."""
+
+    save_outputs = True
+    float_outputs = (True,) + (False,) * 8  # the first output carries gradients; the rest is state
+
+    def __init__(self, name: str, scalars: tuple, backward_scalars: tuple, saved: tuple):
+        self.name, self.scalars, self.backward_scalars, self.saved = name, scalars, backward_scalars, saved
+        self.op = getattr(torch.ops.warpbridge, name)
+        self.backward_op = getattr(torch.ops.warpbridge, f"{name}_backward")
+
+    def forward(self, tensors):
+        return tuple(self.op(*[t.contiguous() for t in tensors], *self.scalars))
+
+    eager = forward  # outside transforms the custom op records its own autograd node
+
+    def backward(self, needs, tensors, outputs, grads):
+        saved = [outputs[i] for i in self.saved]
+        got = self.backward_op(grads[0].contiguous(), *tensors, *saved, *self.backward_scalars, list(needs))
+        return tuple(g for g, n in zip(got, needs) if n)
+
+
 # -- entry points used by warpbridge.ops ---------------------------------------------------
 
 
 def radius_aggregate(query: Tensor, ref: Tensor, features: Tensor, radius: float, sigma: float) -> Tensor:
+    if _func.active():
+        rule = _PointRule("radius_aggregate", (radius, sigma), (radius, sigma), saved=tuple(range(7)))
+        return _func.apply(rule, (query, ref, features))[0]
     return radius_aggregate_op(query.contiguous(), ref.contiguous(), features.contiguous(), radius, sigma)[0]
 
 
 def knn(query: Tensor, ref: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    if _func.active():
+        return _func.apply(_PointRule("knn", (k,), (), saved=(1,)), (query, ref))
     return knn_op(query.contiguous(), ref.contiguous(), k)
 
 
 def knn_aggregate(query: Tensor, ref: Tensor, features: Tensor, k: int, sigma: float) -> Tensor:
+    if _func.active():
+        rule = _PointRule("knn_aggregate", (k, sigma), (sigma,), saved=(1, 2, 0))  # dist, idx, out
+        return _func.apply(rule, (query, ref, features))[0]
     return knn_aggregate_op(query.contiguous(), ref.contiguous(), features.contiguous(), k, sigma)[0]
