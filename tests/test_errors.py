@@ -91,7 +91,8 @@ def test_non_tensor_where_an_array_is_expected():
     raises(op, r"argument 'x' must be an array .*got builtins.list", [1.0, 2.0], torch.zeros(2, dtype=torch.float64))
     raises(
         op,
-        r"argument 'y' must be an array \(a 1-D float64 array\) of a supported framework.*got float 3.0",
+        r"argument 'y' must be an array \(a 1-D float64 array\): a torch, NumPy, JAX or Paddle array, or any array "
+        r"exposing __dlpack__ or __cuda_array_interface__; got float 3.0",
         torch.zeros(2, dtype=torch.float64),
         3.0,
     )

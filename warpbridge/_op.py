@@ -23,10 +23,17 @@ _ADAPTERS = {
     "numpy": "warpbridge._numpy",
     "jax": "warpbridge._jax",
     "paddle": "warpbridge._paddle",
+    "dlpack": "warpbridge._dlpack",  # any other producer of DLPack / __cuda_array_interface__ arrays
 }
 # Top-level modules whose array types belong to another framework's adapter: concrete JAX
 # arrays live in jaxlib, tracers in jax.
-_ALIASES = {"jaxlib": "jax"}
+_ALIASES = {"jaxlib": "jax", "warp": "dlpack", "cupy": "dlpack"}
+_FROM_DLPACK = {
+    "torch": "torch.from_dlpack(x)",
+    "numpy": "numpy.from_dlpack(x)",
+    "jax": "jax.dlpack.from_dlpack(x)",
+    "paddle": "paddle.utils.dlpack.from_dlpack(x)",
+}
 _LOADED: dict[str, Any] = {}  # a plain dict lookup, which torch.compile can trace (imports it cannot)
 _BY_TYPE: dict[type, Any] = {}  # array type -> adapter module, filled on first sight
 # Plans are cheap to rebuild (~50 us) but eager shapes can vary without end (a new batch size
@@ -170,13 +177,21 @@ def _find_adapter(op: WarpOp, args: tuple) -> Any:
         top = type(a).__module__.partition(".")[0]
         top = _ALIASES.get(top, top)
         if top not in _ADAPTERS:
-            raise fail(
-                op.name,
-                f"argument '{p.name}' must be an array ({p.describe_type()}) of a supported framework "
-                f"({', '.join(_ADAPTERS)}), got {describe(a)}",
-            )
+            if not (hasattr(a, "__dlpack__") or hasattr(a, "__cuda_array_interface__")):
+                raise fail(
+                    op.name,
+                    f"argument '{p.name}' must be an array ({p.describe_type()}): a torch, NumPy, JAX or Paddle "
+                    f"array, or any array exposing __dlpack__ or __cuda_array_interface__; got {describe(a)}",
+                )
+            top = "dlpack"
         if found is not None and top != found:
-            raise fail(op.name, f"all arrays must come from one framework, got {found} and {top} (argument '{p.name}')")
+            hint = ""
+            if "dlpack" in (top, found):
+                other = found if top == "dlpack" else top
+                hint = f": convert the DLPack array first ({_FROM_DLPACK[other]} shares its memory)"
+            raise fail(
+                op.name, f"all arrays must come from one framework, got {found} and {top} (argument '{p.name}'){hint}"
+            )
         found = top
     if found is None:  # no array input: take the framework the caller has loaded
         found = "torch" if "torch" in sys.modules else "numpy"

@@ -1,0 +1,162 @@
+"""Any array producer: objects with ``__dlpack__`` or ``__cuda_array_interface__`` (CuPy,
+Numba, NumPy-likes, ...) and ``wp.array`` itself. Forward only.
+
+Inputs are shared with Warp without a copy (``wp.from_dlpack``, or a ``wp.array`` over the
+``__cuda_array_interface__`` pointer); outputs are allocated by Warp and handed back in the
+inputs' library where it can take them without a copy:
+
+============================  =====================================================
+inputs                        outputs
+============================  =====================================================
+CuPy arrays                   CuPy arrays (``cupy.from_dlpack``)
+``wp.array``                  ``wp.array``
+any other producer, CPU       NumPy arrays (views of the Warp allocation)
+any other producer, CUDA      ``wp.array``: it exposes ``__dlpack__`` and
+                              ``__cuda_array_interface__``, so any library takes it
+============================  =====================================================
+
+There are no gradients on this path: a producer has no autograd to hand them to. An input
+that asks for them (``requires_grad=True``) is refused with the fix: pass framework tensors.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+import warp as wp
+
+from . import _plan
+from ._errors import describe, fail
+
+_DL_CPU, _DL_CUDA = 1, 2
+_DL_DEVICE_NAMES = {
+    3: "CUDA host (pinned)",
+    4: "OpenCL",
+    7: "Vulkan",
+    8: "Metal",
+    9: "VPI",
+    10: "ROCm",
+    11: "ROCm host",
+    13: "CUDA managed",
+    14: "oneAPI",
+    15: "WebGPU",
+    16: "Hexagon",
+}
+
+
+def is_producer(a: Any) -> bool:
+    return isinstance(a, wp.array) or hasattr(a, "__dlpack__") or hasattr(a, "__cuda_array_interface__")
+
+
+class _Warp:
+    """The description ``_plan.prepare`` validates against: the inputs as ``wp.array``."""
+
+    name = "dlpack"
+    array_name = "array (DLPack, __cuda_array_interface__ or wp.array)"
+    default_device = "cpu"
+
+    @staticmethod
+    def is_array(a: Any) -> bool:
+        return isinstance(a, wp.array)
+
+    @staticmethod
+    def meta(a: wp.array) -> tuple:
+        # A vector/matrix dtype is seen as trailing dims of its scalar, as frameworks hold them.
+        scalar = getattr(a.dtype, "_wp_scalar_type_", a.dtype)
+        inner = tuple(getattr(a.dtype, "_shape_", ()))
+        itemsize = wp.types.type_size_in_bytes(scalar)
+        try:
+            name = np.dtype(wp.dtype_to_numpy(scalar)).name
+        except Exception:  # a struct or other type with no NumPy equivalent
+            name = None
+        strides = tuple(s // itemsize for s in a.strides) + _plan.contiguous_strides(inner, 1)
+        return name, tuple(a.shape) + inner, strides, itemsize, a.device.alias
+
+    @staticmethod
+    def contiguous(a: wp.array) -> wp.array:
+        return wp.clone(a)
+
+    @staticmethod
+    def warp_device(device: str) -> Any:
+        return wp.get_device(device)
+
+
+def _to_warp(op: Any, p: Any, a: Any) -> wp.array:
+    if getattr(a, "requires_grad", False) is True:
+        raise fail(
+            op.name,
+            f"argument '{p.name}' requires gradients, but arrays passed through DLPack, "
+            "__cuda_array_interface__ or as wp.array run forward only. For gradients pass framework tensors: "
+            "torch.from_dlpack(x) (or jax.dlpack.from_dlpack, paddle.from_dlpack) shares the memory without a copy",
+        )
+    if isinstance(a, wp.array):
+        return a
+    if hasattr(a, "__dlpack__"):
+        kind = int(a.__dlpack_device__()[0]) if hasattr(a, "__dlpack_device__") else _DL_CPU
+        if kind not in (_DL_CPU, _DL_CUDA):
+            where = _DL_DEVICE_NAMES.get(kind, "unknown")
+            raise fail(
+                op.name,
+                f"argument '{p.name}' lives on DLPack device type {kind} ({where}); warpbridge runs on CPU "
+                "and CUDA device memory: copy it there first",
+            )
+        if kind == _DL_CUDA:
+            _need_cuda(op, p)
+        try:
+            return wp.from_dlpack(a)
+        except Exception as e:  # dtype Warp has no type for, negative strides, ...
+            raise fail(op.name, f"argument '{p.name}' could not be shared through DLPack: {e}") from e
+    _need_cuda(op, p)
+    try:
+        return wp.array(data=a, device=wp.get_cuda_device(), copy=False)
+    except Exception as e:
+        raise fail(op.name, f"argument '{p.name}' could not be shared through __cuda_array_interface__: {e}") from e
+
+
+def _need_cuda(op: Any, p: Any) -> None:
+    if not wp.is_cuda_available():
+        raise fail(
+            op.name,
+            f"argument '{p.name}' is a CUDA array, but Warp finds no CUDA device here; copy it to host memory",
+        )
+
+
+def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
+    _plan.ensure_init()
+    op.check_arity(args)
+    args = list(args)
+    first = None
+    for p in op.sig.array_inputs:
+        a = args[p.position]
+        if not is_producer(a):
+            raise fail(op.name, f"argument '{p.name}' must be a {_Warp.array_name}, got {describe(a)}")
+        first = a if first is None else first
+        args[p.position] = _to_warp(op, p, a)
+    pr = _plan.prepare(op, args, launch_dims, output_dims, _Warp)
+    plan, sig, device = pr.plan, op.sig, wp.get_device(pr.device)
+    outs = [
+        wp.zeros(s + p.inner_shape, dtype=wp.dtype_from_numpy(np.dtype(p.dtype_name)), device=device)
+        for p, s in zip(sig.outputs, plan.out_shapes)
+    ]
+    stream = wp.get_stream(device) if device.is_cuda else None
+    ins = [a.ptr for a in pr.arrays]
+    out_ptrs = [o.ptr for o in outs]
+    if sig.kind == "kernel":
+        plan.forward(ins, pr.scalars, out_ptrs, stream)
+    else:
+        _plan.run_function(plan, ins, pr.scalars, out_ptrs, stream)
+    outs = _like(first, outs, device)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _like(first: Any, outs: list, device: Any) -> list:
+    """Outputs in the inputs' library where it can take them without a copy (module doc)."""
+    top = type(first).__module__.partition(".")[0] if first is not None else ""
+    if top == "cupy" and "cupy" in sys.modules:
+        cupy = sys.modules["cupy"]
+        return [cupy.from_dlpack(o) for o in outs]
+    if top == "warp" or device.is_cuda:
+        return outs
+    return [o.numpy() for o in outs]
