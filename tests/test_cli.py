@@ -2,8 +2,10 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +78,14 @@ def test_demo_cuda_without_a_gpu_fails_cleanly(capsys):
         pytest.skip("this machine has a GPU: the failure path cannot be exercised")
     assert cli.main(["demo", "--device", "cuda"]) == 1
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_bench_charts_every_committed_result(tmp_path):
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    jsons = sorted(results.glob("*.json"))
+    assert {p.name.split("-")[0] for p in jsons} >= {"overhead", "neighbors", "grad_buffer", "memory_pool"}
+    for p in jsons:
+        shutil.copy(p, tmp_path / p.name)
+    written = cli._charts(tmp_path)
+    assert sorted(w.name for w in written) == sorted(p.with_suffix(".png").name for p in jsons)
+    assert all(w.stat().st_size > 5_000 for w in written)

@@ -8,16 +8,32 @@ from . import ops as ops
 from ._errors import WarpBridgeError as WarpBridgeError
 from ._op import WarpOp as WarpOp
 from ._op import op as op
+from ._pool import get_memory_pool as get_memory_pool
+from ._pool import set_memory_pool as set_memory_pool
 
 __version__ = "0.1.0"
 
-__all__ = ["GradBuffer", "WarpBridgeError", "WarpOp", "__version__", "op", "ops"]
+__all__ = [
+    "GradBuffer",
+    "TorchAllocator",
+    "WarpBridgeError",
+    "WarpOp",
+    "__version__",
+    "get_memory_pool",
+    "op",
+    "ops",
+    "set_memory_pool",
+]
 
 
 def __getattr__(name: str):
-    # GradBuffer needs torch: import it on first use, so `import warpbridge` imports no framework.
+    # These need torch: import them on first use, so `import warpbridge` imports no framework.
     if name == "GradBuffer":
         from .grad_buffer import GradBuffer
 
         return GradBuffer
+    if name == "TorchAllocator":
+        from ._torch._pool import TorchAllocator
+
+        return TorchAllocator
     raise AttributeError(f"module 'warpbridge' has no attribute {name!r}")

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-BENCHMARKS = ("overhead", "neighbors", "grad_buffer")
+BENCHMARKS = ("overhead", "neighbors", "grad_buffer", "memory_pool")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser(
         "bench",
         help="run the benchmarks and write their JSON and charts",
-        description="Run benchmarks/overhead.py, neighbors.py and grad_buffer.py (from a source checkout), "
+        description="Run benchmarks/overhead.py, neighbors.py, grad_buffer.py and memory_pool.py (from a source "
+        "checkout), "
         "print their tables, and write JSON and PNG charts to DIR.",
     )
     b.add_argument("--quick", action="store_true", help="fewer repeats")
@@ -145,6 +146,11 @@ def _charts(out: Path) -> list[Path]:
                     k.split("|", 1)[1].strip(): v["step_ms"] for k, v in rows.items() if k.startswith(model)
                 }
                 for model in dict.fromkeys(k.split("|")[0].strip() for k in rows)
+            }
+        elif path.name.startswith("memory_pool"):
+            sections = {
+                f"{case}, ms": {f"{pool} pool": row["ms"] for pool, row in pools.items()}
+                for case, pools in data["median"].items()
             }
         else:
             continue

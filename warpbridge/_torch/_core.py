@@ -3,6 +3,7 @@ registered custom ops, so both have exactly the same semantics."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -11,6 +12,7 @@ import warp as wp
 
 from .. import _op, _plan
 from .._op import WarpOp
+from . import _pool
 
 DTYPE_NAMES = {
     torch.float16: "float16",
@@ -28,6 +30,7 @@ for _name in ("uint16", "uint32", "uint64"):  # torch >= 2.3 has these, with lim
         DTYPE_NAMES[getattr(torch, _name)] = _name
 TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
 
+_NO_SCOPE = contextlib.nullcontext()
 _devices: dict[torch.device, Any] = {}
 _streams: dict[int, Any] = {}
 
@@ -153,7 +156,8 @@ def forward(call: Call, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     if plan.sig.kind == "kernel":
         plan.forward(ins, call.scalars, out_ptrs, stream)
     else:
-        _plan.run_function(plan, ins, call.scalars, out_ptrs, stream)
+        with _pool.scope(device, plan.device):
+            _plan.run_function(plan, ins, call.scalars, out_ptrs, stream)
     return outs
 
 
@@ -179,7 +183,10 @@ def backward(
     input's gradient is returned as None (direct write).
     """
     stream = warp_stream(call.device)
-    return _plan.backward(call.op, call.plan, call.scalars, tensors, grads, needs, _Torch, call.device, stream, targets)
+    with _pool.scope(call.device, call.plan.device) if call.plan.sig.kind == "function" else _NO_SCOPE:
+        return _plan.backward(
+            call.op, call.plan, call.scalars, tensors, grads, needs, _Torch, call.device, stream, targets
+        )
 
 
 def float_outputs(op: WarpOp) -> tuple[bool, ...]:
