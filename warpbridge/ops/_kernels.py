@@ -30,6 +30,7 @@ import warp as wp
 
 # Cells over capacity = cells_per_point * N + GRID_SLACK; the dead bucket and the scan's end take two more.
 GRID_SLACK = 64
+LOHI_STRIDE = 8  # vec3 entries between the per-thread grid bounds (96 bytes: no false sharing)
 
 
 @functools.cache
@@ -37,6 +38,7 @@ def kernels(scalar: Any) -> Any:
     """All point kernels for one float type (wp.float32 or wp.float64), in one module."""
     T = scalar
     V = wp.types.vector(3, T)
+    V4 = wp.types.vector(4, T)  # feature rows seen as groups of 4 (F % 4 == 0): ~2x faster gathers
     module = f"warpbridge_points_{T.__name__}"
 
     def kernel(f):
@@ -93,16 +95,24 @@ def kernels(scalar: Any) -> Any:
     @func
     def aggregate_row(
         features: wp.array2d(dtype=T),
+        features4: wp.array2d(dtype=V4),
         dist: wp.array2d(dtype=T),
         idx: wp.array2d(dtype=wp.int64),
         sigma: T,
         i: int,
         out: wp.array2d(dtype=T),
+        out4: wp.array2d(dtype=V4),
     ):
-        # out_i = sum_n softmax(-dist_i / sigma)_n f_idx[i, n], shifted by the nearest distance
+        # out_i = sum_n softmax(-dist_i / sigma)_n f_idx[i, n], shifted by the nearest distance.
+        # `features4`/`out4`, when not empty, view the same rows as groups of 4.
         nf = features.shape[1]
-        for f in range(nf):
-            out[i, f] = T(0.0)
+        n4 = features4.shape[1]
+        if n4 > 0:
+            for f in range(n4):
+                out4[i, f] = V4(T(0.0))
+        else:
+            for f in range(nf):
+                out[i, f] = T(0.0)
         nearest = dist[i, 0]
         total = T(0.0)
         for n in range(idx.shape[1]):
@@ -110,7 +120,11 @@ def kernels(scalar: Any) -> Any:
             if j >= wp.int64(0):
                 w = wp.exp((nearest - dist[i, n]) / sigma)
                 total += w
-                row_axpy(out, i, w, features, int(j), nf)
+                if n4 > 0:
+                    for f in range(n4):
+                        out4[i, f] = out4[i, f] + w * features4[int(j), f]
+                else:
+                    row_axpy(out, i, w, features, int(j), nf)
         if total > T(0.0):
             row_scale(out, i, T(1.0) / total, nf)
 
@@ -176,18 +190,29 @@ def kernels(scalar: Any) -> Any:
         )
         return lo, hi
 
-    @kernel
-    def grid_init(lohi: wp.array(dtype=V)):
-        lohi[0] = V(T(wp.inf))
-        lohi[1] = V(T(-wp.inf))
+    # The grid is built by CPU threads too: each takes a contiguous chunk of the points
+    # (`offset`) and its own row (`slot`) of the bounds, counts and cursors, and the rows are
+    # combined in slot order. So a cell lists its points in ascending index for any number of
+    # threads, and the grid does not depend on the thread count. On CUDA there is one slot
+    # and the atomics are real.
+
+    # Per-slot rows are kept in flat arrays (row `slot` at `slot * row_length`): 2-D atomics
+    # measured ~30% slower on the CPU. The bounds of two slots sit LOHI_STRIDE vectors apart,
+    # in different cache lines: every point updates them.
 
     @kernel
-    def grid_bounds(points: wp.array(dtype=V), lohi: wp.array(dtype=V)):
-        i = wp.tid()
+    def grid_init(lohi: wp.array(dtype=V)):
+        s = wp.tid()
+        lohi[LOHI_STRIDE * s] = V(T(wp.inf))
+        lohi[LOHI_STRIDE * s + 1] = V(T(-wp.inf))
+
+    @kernel
+    def grid_bounds(points: wp.array(dtype=V), slot: int, offset: int, lohi: wp.array(dtype=V)):
+        i = wp.tid() + offset
         p = points[i]
         if wp.isfinite(p):
-            wp.atomic_min(lohi, 0, p)
-            wp.atomic_max(lohi, 1, p)
+            wp.atomic_min(lohi, LOHI_STRIDE * slot, p)
+            wp.atomic_max(lohi, LOHI_STRIDE * slot + 1, p)
 
     @kernel
     def grid_setup(
@@ -199,6 +224,9 @@ def kernels(scalar: Any) -> Any:
     ):
         lo = lohi[0]
         hi = lohi[1]
+        for s in range(1, lohi.shape[0] // LOHI_STRIDE):
+            lo = wp.min(lo, lohi[LOHI_STRIDE * s])
+            hi = wp.max(hi, lohi[LOHI_STRIDE * s + 1])
         if not (lo[0] <= hi[0]):  # no finite point at all
             lo = V(T(0.0))
             hi = V(T(0.0))
@@ -232,10 +260,12 @@ def kernels(scalar: Any) -> Any:
         geom: wp.array(dtype=T),
         dims: wp.array(dtype=wp.int32),
         capacity: int,
+        slot: int,
+        offset: int,
         cell_of: wp.array(dtype=wp.int32),
         counts: wp.array(dtype=wp.int32),
     ):
-        i = wp.tid()
+        i = wp.tid() + offset
         p = points[i]
         c = capacity
         if wp.isfinite(p):
@@ -245,18 +275,21 @@ def kernels(scalar: Any) -> Any:
             cz = coord(p[2], geom[2], h, dims[2])
             c = (cx * dims[1] + cy) * dims[2] + cz
         cell_of[i] = c
-        wp.atomic_add(counts, c, 1)
+        wp.atomic_add(counts, slot * (capacity + 2) + c, 1)
 
     @kernel
     def grid_fill(
         points: wp.array(dtype=V),
         cell_of: wp.array(dtype=wp.int32),
+        cells: int,
+        slot: int,
+        offset: int,
         cursor: wp.array(dtype=wp.int32),
         order: wp.array(dtype=wp.int32),
         sorted_points: wp.array(dtype=V),
     ):
-        i = wp.tid()
-        s = wp.atomic_add(cursor, cell_of[i], 1)  # on the CPU: ascending i within a cell
+        i = wp.tid() + offset
+        s = wp.atomic_add(cursor, slot * cells + cell_of[i], 1)
         order[s] = i
         sorted_points[s] = points[i]
 
@@ -512,12 +545,14 @@ def kernels(scalar: Any) -> Any:
         dims: wp.array(dtype=wp.int32),
         k: int,
         features: wp.array2d(dtype=T),
+        features4: wp.array2d(dtype=V4),
         sigma: T,
         stride: int,
         offset: int,
         dist: wp.array2d(dtype=T),
         idx: wp.array2d(dtype=wp.int64),
         out: wp.array2d(dtype=T),
+        out4: wp.array2d(dtype=V4),
     ):
         # With a non-empty `out`, also aggregates (knn_aggregate) while the row is hot in cache.
         i = wp.tid() * stride + offset
@@ -594,7 +629,7 @@ def kernels(scalar: Any) -> Any:
                     break
                 ring += 1
         if out.shape[0] > 0:
-            aggregate_row(features, dist, idx, sigma, i, out)
+            aggregate_row(features, features4, dist, idx, sigma, i, out, out4)
 
     @kernel
     def knn_backward(

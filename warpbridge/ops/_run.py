@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import warp as wp
 
 from . import _core
+from ._kernels import LOHI_STRIDE
 
 RADIUS_CELLS_PER_POINT = 8
 KNN_CELLS_PER_POINT = 2
@@ -45,18 +46,20 @@ def grid_shapes(n: int, cells_per_point: int, dtype: str) -> list[tuple[tuple, s
 def grid(fw: Framework, points: Any, n: int, min_cell: float, cells_per_point: int) -> tuple:
     cap = _core.grid_capacity(n, cells_per_point)
     order, sorted_points, starts, geom, dims = (fw.empty(s, d) for s, d in grid_shapes(n, cells_per_point, fw.dtype))
-    lohi = fw.empty((2, 3), fw.dtype)
+    s = _core.slots(fw.device, n)  # CPU threads building it (1 on CUDA)
+    lohi = fw.empty((LOHI_STRIDE * s, 3), fw.dtype)
     cell_of = fw.empty((n,), "int32")
-    counts = fw.zeros((cap + 2,), "int32")
-    cursor = fw.empty((cap + 2,), "int32")
+    counts = fw.zeros((s * (cap + 2),), "int32")
     w = fw.warp
+    wcounts = w(counts)
+    total = w(fw.empty((cap + 2,), "int32")) if s > 1 else wcounts
     with wp.ScopedStream(fw.stream) if fw.stream is not None else wp.ScopedDevice(fw.device):
-        wp.launch(fw.kernels.grid_init, dim=1, inputs=[w(lohi, True)], device=fw.device)
+        wp.launch(fw.kernels.grid_init, dim=s, inputs=[w(lohi, True)], device=fw.device)
     _core.build_grid(
         fw.kernels,
         w(points, True),
         min_cell,
-        (w(lohi, True), w(cell_of), w(counts), w(cursor)),
+        (w(lohi, True), w(cell_of), wcounts, total),
         (w(order), w(sorted_points, True), w(starts), w(geom), w(dims)),
         fw.device,
         fw.stream,
@@ -150,10 +153,22 @@ def knn_forward(fw, query, ref, m, n, k, features=None, f=0, sigma=1.0):
     else:
         out = fw.empty((m, f), fw.dtype)
     w = fw.warp
-    before = [w(query, True), w(g[0]), w(g[1], True), w(g[2]), w(g[3]), w(g[4]), k, w(features), sigma]
-    after = [w(dist), w(idx), w(out)]
+    wf, wo = w(features), w(out)
+    before = [w(query, True), w(g[0]), w(g[1], True), w(g[2]), w(g[3]), w(g[4]), k, wf, _groups_of_4(wf), sigma]
+    after = [w(dist), w(idx), wo, _groups_of_4(wo)]
     _core.launch_queries(fw.kernels.knn_search, m, _slots(fw, m), before, after, fw.device, fw.stream)
     return dist, idx, out
+
+
+def _groups_of_4(a: wp.array) -> wp.array:
+    """A contiguous (R, F) array seen as (R, F / 4) vectors of 4; empty unless F % 4 == 0."""
+    v4 = wp.types.vector(4, a.dtype)
+    rows, f = a.shape
+    if f == 0 or f % 4 or rows == 0 or a.strides[1] != wp.types.type_size_in_bytes(a.dtype):
+        return wp.empty((0, 0), dtype=v4, device=a.device)
+    return wp.array(
+        ptr=a.ptr, dtype=v4, shape=(rows, f // 4), strides=(a.strides[0], 4 * a.strides[1]), device=a.device
+    )
 
 
 def knn_backward(fw, grad, query, ref, idx, m, n, needs):
