@@ -299,32 +299,6 @@ def test_radius_backward_paths_agree(pairs, monkeypatch):
 # -- threads, determinism, non-finite input -----------------------------------------------
 
 
-def test_the_grid_does_not_depend_on_the_thread_count():
-    # Threads build the grid from contiguous chunks, combined in order: each cell lists its
-    # points in ascending index, whatever the thread count (non-finite points included).
-    g = torch.Generator().manual_seed(16)
-    r = torch.randn(5000, 3, generator=g)
-    r[7, 1], r[100, 0] = float("nan"), float("inf")
-    q, f = torch.randn(10, 3, generator=g), torch.randn(5000, 2, generator=g)
-    from warpbridge.ops import _torch as ops_torch
-
-    grids = []
-    try:
-        for n in (1, 2, 3):
-            wb.ops.set_num_threads(n)
-            grids.append(ops_torch.radius_aggregate_op(q, r, f, 0.3, 0.1)[2:])
-    finally:
-        wb.ops.set_num_threads(None)
-    for other in grids[1:]:
-        for a, b in zip(grids[0], other):
-            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)  # bitwise
-    order, _, starts, _, _ = grids[0]
-    assert sorted(order.tolist()) == list(range(5000))
-    for c in torch.nonzero(starts[1:] > starts[:-1]).flatten().tolist():
-        cell = order[starts[c] : starts[c + 1]]
-        assert torch.equal(cell, cell.sort().values)
-
-
 def test_threads_agree_and_results_are_deterministic():
     q, r, f = clouds(3000, 2000, 4, torch.float32, seed=15)
     ins = [t.clone().requires_grad_() for t in (q, r, f)]

@@ -12,7 +12,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
 import warp as wp
 
 from . import _kernels
@@ -109,68 +108,35 @@ def launch_queries(
         f.result()
 
 
-def launch_split(kernel: Any, n: int, n_slots: int, before: list, after: list, device: Any) -> None:
-    """Launch ``kernel`` over ``n`` items as ``n_slots`` contiguous chunks, from as many
-    threads (the caller's included): chunk ``t`` gets ``before + [t, start] + after``."""
-    if n_slots == 1:
-        wp.launch(kernel, dim=n, inputs=[*before, 0, 0, *after], device=device)
-        return
-    wp.load_module(kernel.module, device=device)
-    bounds = [n * t // n_slots for t in range(n_slots + 1)]
-
-    def work(t: int) -> None:
-        wp.launch(kernel, dim=bounds[t + 1] - bounds[t], inputs=[*before, t, bounds[t], *after], device=device)
-
-    futures = [_pool().submit(work, t) for t in range(1, n_slots)]
-    work(0)
-    for f in futures:
-        f.result()
-
-
 def build_grid(
     k: Any,
     points: wp.array,
     min_cell: float,
-    scratch: tuple[wp.array, wp.array, wp.array, wp.array, wp.array],
+    scratch: tuple[wp.array, wp.array, wp.array, wp.array],
     grid: tuple[wp.array, wp.array, wp.array, wp.array, wp.array],
     device: Any,
     stream: Any,
 ) -> None:
-    """Counting-sort ``points`` into a dense grid, from ``S`` threads on the CPU.
+    """Counting-sort ``points`` into a dense grid.
 
-    ``scratch`` = (lohi (_kernels.LOHI_STRIDE S,) vec3 filled with +inf/-inf, cell_of (N,) int32,
-    counts (S (cap+2),) int32 zeroed, total (cap+2,) int32, or counts itself when S = 1);
-    ``grid`` = (order (N,) int32, sorted (N,) vec3, starts (cap+2,) int32, geom (4,), dims
-    (3,) int32). The result does not depend on S (see the kernels).
+    ``scratch`` = (lohi (2,) vec3 filled with +inf/-inf, cell_of (N,) int32, counts (cap+2,)
+    int32 zeroed, cursor (cap+2,) int32); ``grid`` = (order (N,) int32, sorted (N,) vec3,
+    starts (cap+2,) int32, geom (4,), dims (3,) int32).
     """
-    lohi, cell_of, counts, total = scratch
+    lohi, cell_of, counts, cursor = scratch
     order, sorted_points, starts, geom, dims = grid
     n = points.shape[0]
-    cells = starts.shape[0]
-    n_slots = counts.shape[0] // cells
+    cap = counts.shape[0] - 2
     with wp.ScopedStream(stream) if stream is not None else wp.ScopedDevice(device):
         if n:
-            launch_split(k.grid_bounds, n, n_slots, [points], [lohi], device)
-        wp.launch(k.grid_setup, dim=1, inputs=[lohi, cells - 2, min_cell, geom, dims], device=device)
+            wp.launch(k.grid_bounds, dim=n, inputs=[points, lohi], device=device)
+        wp.launch(k.grid_setup, dim=1, inputs=[lohi, cap, min_cell, geom, dims], device=device)
         if n:
-            launch_split(k.grid_assign, n, n_slots, [points, geom, dims, cells - 2], [cell_of, counts], device)
-        rows = None
-        if n_slots > 1:  # CPU only. NumPy's vector loops beat a Warp kernel per cell ~5x here.
-            rows = counts.numpy().reshape(n_slots, cells)
-            np.sum(rows, axis=0, out=total.numpy())
-        wp.utils.array_scan(total, starts, inclusive=False)
+            wp.launch(k.grid_assign, dim=n, inputs=[points, geom, dims, cap, cell_of, counts], device=device)
+        wp.utils.array_scan(counts, starts, inclusive=False)
         if n:
-            # The counts become the fill cursors: slot s fills its part of a cell after the
-            # slots before it.
-            if rows is None:
-                wp.copy(counts, starts)
-            else:
-                run = starts.numpy().copy()
-                for row in rows:
-                    step = row.copy()
-                    row[:] = run
-                    run += step
-            launch_split(k.grid_fill, n, n_slots, [points, cell_of, cells], [counts, order, sorted_points], device)
+            wp.copy(cursor, starts)
+            wp.launch(k.grid_fill, dim=n, inputs=[points, cell_of, cursor, order, sorted_points], device=device)
 
 
 def kernels_for(dtype_name: str) -> Any:

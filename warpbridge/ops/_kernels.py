@@ -30,7 +30,6 @@ import warp as wp
 
 # Cells over capacity = cells_per_point * N + GRID_SLACK; the dead bucket and the scan's end take two more.
 GRID_SLACK = 64
-LOHI_STRIDE = 8  # vec3 entries between the per-thread grid bounds (96 bytes: no false sharing)
 
 
 @functools.cache
@@ -190,29 +189,18 @@ def kernels(scalar: Any) -> Any:
         )
         return lo, hi
 
-    # The grid is built by CPU threads too: each takes a contiguous chunk of the points
-    # (`offset`) and its own row (`slot`) of the bounds, counts and cursors, and the rows are
-    # combined in slot order. So a cell lists its points in ascending index for any number of
-    # threads, and the grid does not depend on the thread count. On CUDA there is one slot
-    # and the atomics are real.
-
-    # Per-slot rows are kept in flat arrays (row `slot` at `slot * row_length`): 2-D atomics
-    # measured ~30% slower on the CPU. The bounds of two slots sit LOHI_STRIDE vectors apart,
-    # in different cache lines: every point updates them.
-
     @kernel
     def grid_init(lohi: wp.array(dtype=V)):
-        s = wp.tid()
-        lohi[LOHI_STRIDE * s] = V(T(wp.inf))
-        lohi[LOHI_STRIDE * s + 1] = V(T(-wp.inf))
+        lohi[0] = V(T(wp.inf))
+        lohi[1] = V(T(-wp.inf))
 
     @kernel
-    def grid_bounds(points: wp.array(dtype=V), slot: int, offset: int, lohi: wp.array(dtype=V)):
-        i = wp.tid() + offset
+    def grid_bounds(points: wp.array(dtype=V), lohi: wp.array(dtype=V)):
+        i = wp.tid()
         p = points[i]
         if wp.isfinite(p):
-            wp.atomic_min(lohi, LOHI_STRIDE * slot, p)
-            wp.atomic_max(lohi, LOHI_STRIDE * slot + 1, p)
+            wp.atomic_min(lohi, 0, p)
+            wp.atomic_max(lohi, 1, p)
 
     @kernel
     def grid_setup(
@@ -224,9 +212,6 @@ def kernels(scalar: Any) -> Any:
     ):
         lo = lohi[0]
         hi = lohi[1]
-        for s in range(1, lohi.shape[0] // LOHI_STRIDE):
-            lo = wp.min(lo, lohi[LOHI_STRIDE * s])
-            hi = wp.max(hi, lohi[LOHI_STRIDE * s + 1])
         if not (lo[0] <= hi[0]):  # no finite point at all
             lo = V(T(0.0))
             hi = V(T(0.0))
@@ -260,12 +245,10 @@ def kernels(scalar: Any) -> Any:
         geom: wp.array(dtype=T),
         dims: wp.array(dtype=wp.int32),
         capacity: int,
-        slot: int,
-        offset: int,
         cell_of: wp.array(dtype=wp.int32),
         counts: wp.array(dtype=wp.int32),
     ):
-        i = wp.tid() + offset
+        i = wp.tid()
         p = points[i]
         c = capacity
         if wp.isfinite(p):
@@ -275,21 +258,18 @@ def kernels(scalar: Any) -> Any:
             cz = coord(p[2], geom[2], h, dims[2])
             c = (cx * dims[1] + cy) * dims[2] + cz
         cell_of[i] = c
-        wp.atomic_add(counts, slot * (capacity + 2) + c, 1)
+        wp.atomic_add(counts, c, 1)
 
     @kernel
     def grid_fill(
         points: wp.array(dtype=V),
         cell_of: wp.array(dtype=wp.int32),
-        cells: int,
-        slot: int,
-        offset: int,
         cursor: wp.array(dtype=wp.int32),
         order: wp.array(dtype=wp.int32),
         sorted_points: wp.array(dtype=V),
     ):
-        i = wp.tid() + offset
-        s = wp.atomic_add(cursor, slot * cells + cell_of[i], 1)
+        i = wp.tid()
+        s = wp.atomic_add(cursor, cell_of[i], 1)  # on the CPU: ascending i within a cell
         order[s] = i
         sorted_points[s] = points[i]
 

@@ -13,7 +13,6 @@ from typing import Any, Protocol
 import warp as wp
 
 from . import _core
-from ._kernels import LOHI_STRIDE
 
 RADIUS_CELLS_PER_POINT = 8
 KNN_CELLS_PER_POINT = 2
@@ -46,20 +45,18 @@ def grid_shapes(n: int, cells_per_point: int, dtype: str) -> list[tuple[tuple, s
 def grid(fw: Framework, points: Any, n: int, min_cell: float, cells_per_point: int) -> tuple:
     cap = _core.grid_capacity(n, cells_per_point)
     order, sorted_points, starts, geom, dims = (fw.empty(s, d) for s, d in grid_shapes(n, cells_per_point, fw.dtype))
-    s = _core.slots(fw.device, n)  # CPU threads building it (1 on CUDA)
-    lohi = fw.empty((LOHI_STRIDE * s, 3), fw.dtype)
+    lohi = fw.empty((2, 3), fw.dtype)
     cell_of = fw.empty((n,), "int32")
-    counts = fw.zeros((s * (cap + 2),), "int32")
+    counts = fw.zeros((cap + 2,), "int32")
+    cursor = fw.empty((cap + 2,), "int32")
     w = fw.warp
-    wcounts = w(counts)
-    total = w(fw.empty((cap + 2,), "int32")) if s > 1 else wcounts
     with wp.ScopedStream(fw.stream) if fw.stream is not None else wp.ScopedDevice(fw.device):
-        wp.launch(fw.kernels.grid_init, dim=s, inputs=[w(lohi, True)], device=fw.device)
+        wp.launch(fw.kernels.grid_init, dim=1, inputs=[w(lohi, True)], device=fw.device)
     _core.build_grid(
         fw.kernels,
         w(points, True),
         min_cell,
-        (w(lohi, True), w(cell_of), wcounts, total),
+        (w(lohi, True), w(cell_of), w(counts), w(cursor)),
         (w(order), w(sorted_points, True), w(starts), w(geom), w(dims)),
         fw.device,
         fw.stream,
