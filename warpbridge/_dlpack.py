@@ -109,10 +109,29 @@ def _to_warp(op: Any, p: Any, a: Any) -> wp.array:
         except Exception as e:  # dtype Warp has no type for, negative strides, ...
             raise fail(op.name, f"argument '{p.name}' could not be shared through DLPack: {e}") from e
     _need_cuda(op, p)
+    return _from_cuda_array_interface(op, p, a.__cuda_array_interface__)
+
+
+def _from_cuda_array_interface(op: Any, p: Any, desc: dict) -> wp.array:
+    """A ``wp.array`` over the memory an ``__cuda_array_interface__`` describes, on the
+    current CUDA device (the interface does not say which device owns the pointer)."""
     try:
-        return wp.array(data=a, device=wp.get_cuda_device(), copy=False)
-    except Exception as e:
+        dtype = np.dtype(desc["typestr"])
+        shape = tuple(int(d) for d in desc["shape"])
+        ptr = int(desc["data"][0])
+        strides = desc.get("strides")
+        strides = tuple(int(s) for s in strides) if strides is not None else None
+        warp_dtype = wp.dtype_from_numpy(dtype)
+    except Exception as e:  # a malformed interface, or a dtype Warp has no type for
         raise fail(op.name, f"argument '{p.name}' could not be shared through __cuda_array_interface__: {e}") from e
+    if strides is None:
+        strides = _plan.contiguous_strides(shape, dtype.itemsize)
+    device = wp.get_cuda_device()
+    if desc.get("stream") is not None:
+        # Version 3: the producer's work on that stream must finish first. The interface
+        # gives a raw handle with no event to wait on, so synchronise the device.
+        wp.synchronize_device(device)
+    return wp.array(ptr=ptr, dtype=warp_dtype, shape=shape, strides=strides, device=device)
 
 
 def _need_cuda(op: Any, p: Any) -> None:
