@@ -93,3 +93,11 @@ def test_jax_examples():
     )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "jax examples ok" in p.stdout
+
+
+def test_torch_func_example_matches_loops(capsys):
+    result = load("torch_func").main(batch=16, n=500)
+    for method in ("sequential", "broadcast_all"):
+        assert result["per_sample"][method]["max_error"] < 1e-12
+    assert result["clouds"]["value_error"] < 1e-12 and result["clouds"]["grad_error"] < 1e-12
+    assert "vmap_method='broadcast_all'" in capsys.readouterr().out

@@ -203,7 +203,10 @@ class OpRule(Rule):
     parameters not indexed by the thread), as Warp's ``jax_kernel`` does. The shape checks
     below catch what they can; in particular an unbatched array with the folded first
     dimension is refused under ``"expand_dims"``, since a kernel reading it per thread would
-    read past its end (``"broadcast_all"`` is right for it either way).
+    read past its end. (``"broadcast_all"`` would give a shared table the right values but
+    not per-element gradients: its adjoint adds every element's gradient into the first
+    copy. Shared tables belong to ``"expand_dims"``, whose backward runs sequentially when
+    they need a gradient.)
     """
 
     save_outputs = False
@@ -268,8 +271,8 @@ class OpRule(Rule):
                         op.name,
                         f"vmap_method='expand_dims' shares the unbatched argument '{p.name}' across the batch, but it "
                         f"has the folded first dimension ({n[0]}), so a kernel that reads it per thread would read "
-                        "past its end. Batch it, or use vmap_method='broadcast_all' (which expands it; also right "
-                        "for a table shared by the batch)",
+                        "past its end. Batch it, use vmap_method='broadcast_all' if the kernel reads it per thread, "
+                        "or vmap_method='sequential'",
                     )
                 continue
             if shape[:1] != n:
