@@ -92,6 +92,22 @@ def test_expand_dims_shares_an_unbatched_table_without_copying_it():
     torch.testing.assert_close(vmap(lookup, in_dims=(0, None))(idx, table), table[idx.long()] * 2)
 
 
+def test_expand_dims_per_sample_gradients_of_a_shared_table():
+    # The table is shared (not read per thread) and needs a per-sample gradient: the forward
+    # folds, the backward runs per sample, and each sample's gradient is its own.
+    @wb.op(vmap_method="expand_dims", name="func_lookup_grad")
+    @wp.kernel
+    def lookup(idx: wp.array(dtype=wp.int32), table: wp.array(dtype=wp.float64), out: wp.array(dtype=wp.float64)):
+        i = wp.tid()
+        out[i] = table[idx[i]] * table[idx[i]]
+
+    idx = torch.randint(0, 7, (4, 10), dtype=torch.int32)
+    table = rand(7)
+    g = vmap(grad(lambda i, t: lookup(i, t).sum(), argnums=1), in_dims=(0, None))(idx, table)
+    want = torch.stack([torch.bincount(row.long(), minlength=7).double() * 2 * table for row in idx])
+    torch.testing.assert_close(g, want)
+
+
 def test_nested_vmap_folds_twice():
     fold, calls = counted_function("broadcast_all")
     X, k = rand(2, 3, 4), rand(2, 3, 4)
