@@ -129,3 +129,11 @@ def axpy16(x: wp.array(dtype=wp.float16), a: wp.float16, y: wp.array(dtype=wp.fl
 def axpb(x: wp.array(dtype=wp.float64), a: wp.float64, b: wp.array(dtype=wp.float64), y: wp.array(dtype=wp.float64)):
     i = wp.tid()
     y[i] = a * x[i] + b[i]
+
+
+@wp.kernel
+def square_and_sign(x: wp.array(dtype=wp.float64), y: wp.array(dtype=wp.float64), s: wp.array(dtype=wp.int32)):
+    i = wp.tid()
+    y[i] = x[i] * x[i]
+    if x[i] > wp.float64(0.0):
+        s[i] = 1

@@ -115,6 +115,17 @@ def test_nested_vmap_folds_twice():
     assert calls == [(24,)]
 
 
+@pytest.mark.parametrize("method", ["sequential", "broadcast_all"])
+def test_an_integer_output_under_vmap_grad_and_jacrev(method):
+    op = wb.op(K.square_and_sign, num_outputs=2, name=f"func_square_and_sign_{method}", vmap_method=method)
+    X = rand(3, 5) - 0.5
+    y, s = vmap(op)(X)
+    torch.testing.assert_close(y, X * X)
+    assert s.dtype == torch.int32 and torch.equal(s, (X > 0).int())
+    torch.testing.assert_close(vmap(grad(lambda x: op(x)[0].sum()))(X), 2 * X)
+    torch.testing.assert_close(jacrev(lambda x: op(x)[0])(X[0]), torch.diag(2 * X[0]))
+
+
 def test_a_function_op_under_vmap_with_gradients():
     for method in ("sequential", "broadcast_all"):
         fn, _ = counted_function(method)
