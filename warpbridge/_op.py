@@ -39,7 +39,7 @@ _BY_TYPE: dict[type, Any] = {}  # array type -> adapter module, filled on first 
 # Plans are cheap to rebuild (~50 us) but eager shapes can vary without end (a new batch size
 # every step): past this many, a cache starts over rather than grow for the life of the op.
 MAX_CACHED = 256
-# How torch.vmap (and jax.vmap) batch an op; see warpbridge/_torch/_func.py.
+# How torch.vmap batches an op (jax.vmap always runs sequentially); see warpbridge/_torch/_func.py.
 VMAP_METHODS = ("sequential", "expand_dims", "broadcast_all")
 
 
@@ -60,9 +60,7 @@ class WarpOp:
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise WarpBridgeError(f"op(): name must be a Python identifier, got {name!r}")
         if vmap_method not in VMAP_METHODS:
-            raise WarpBridgeError(
-                f"{name}: vmap_method must be one of {', '.join(map(repr, VMAP_METHODS))}, got {vmap_method!r}"
-            )
+            raise fail(name, f"vmap_method must be one of {', '.join(map(repr, VMAP_METHODS))}, got {vmap_method!r}")
         self.vmap_method = vmap_method
         _plan.ensure_init()
         self.name = name

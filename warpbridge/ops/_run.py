@@ -157,9 +157,12 @@ def knn_forward(fw, query, ref, m, n, k, features=None, f=0, sigma=1.0):
     return dist, idx, out
 
 
+_VEC4 = {wp.float32: wp.vec4f, wp.float64: wp.vec4d}
+
+
 def _groups_of_4(a: wp.array) -> wp.array:
     """A contiguous (R, F) array seen as (R, F / 4) vectors of 4; empty unless F % 4 == 0."""
-    v4 = wp.types.vector(4, a.dtype)
+    v4 = _VEC4[a.dtype]
     rows, f = a.shape
     if f == 0 or f % 4 or rows == 0 or a.strides[1] != wp.types.type_size_in_bytes(a.dtype):
         return wp.empty((0, 0), dtype=v4, device=a.device)
