@@ -217,6 +217,8 @@ class OpRule(Rule):
         self._core = _core
         self.op, self.name = op, op.name
         self.args = list(args)
+        for i in op._array_positions:
+            self.args[i] = None  # the tensors travel through the Functions, not in the rule
         self.ld, self.od = launch_dims, output_dims
         self.float_outputs = _core.float_outputs(op)
 
