@@ -102,3 +102,16 @@ def test_compile_aot_eager_with_launch_dims_and_function_ops():
     got = torch.autograd.grad(torch.compile(f, backend="aot_eager", fullgraph=True)(a, b, k), (a, b, k))
     for r, g in zip(ref, got):
         torch.testing.assert_close(g, r)
+
+
+def test_compile_around_torch_func_transforms():
+    # torch.compile(vmap(grad(f))): the transforms route the op through warpbridge's
+    # torch.func Functions; dynamo breaks the graph around them and the result is exact.
+    from torch.func import grad, vmap
+
+    op = wb.op(K.mul64, name="compile_func_mul", vmap_method="broadcast_all")
+    X, Y = rand(4, 5, grad=False), rand(4, 5, grad=False)
+    per_sample = torch.compile(vmap(grad(lambda x, y: op(x, y).sum())), backend="aot_eager")
+    torch.testing.assert_close(per_sample(X, Y), torch.cos(X) * Y)
+    batched = torch.compile(vmap(op), backend="aot_eager")
+    torch.testing.assert_close(batched(X, Y), torch.sin(X) * Y)

@@ -18,13 +18,13 @@ from . import _core, _func
 
 
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
-    if torch.compiler.is_compiling():
-        return _library_call(op, args, launch_dims, output_dims)
     if _func.active():  # torch.vmap / torch.func.grad / vjp / jacrev
         op.check_arity(args)
         rule = _func.OpRule(op, args, launch_dims, output_dims)
         outs = _func.apply(rule, [args[i] for i in op._array_positions])
         return outs[0] if len(outs) == 1 else tuple(outs)
+    if torch.compiler.is_compiling():
+        return _library_call(op, args, launch_dims, output_dims)
     c, tensors = _core.prepare_cached(op, args, launch_dims, output_dims)
     needs = torch.is_grad_enabled() and any(
         t.requires_grad for p, t in zip(op.sig.array_inputs, tensors) if p.differentiable

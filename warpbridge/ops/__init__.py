@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
+import sys
 from typing import Any
 
 from .._errors import describe, fail
@@ -44,6 +45,14 @@ def _adapter(op: str, arrays: dict[str, Any]) -> Any:
     for a in arrays.values():
         _ADAPTERS[type(a)] = mod
     return mod
+
+
+def _preload_torch() -> None:
+    # torch.compile cannot trace an import: when torch is already loaded, load its adapter
+    # (and register the custom ops) now, so that a first call inside a compiled region finds
+    # it in the dict. Frameworks the caller has not imported stay unimported.
+    if "torch" in sys.modules:
+        _ADAPTERS[sys.modules["torch"].Tensor] = importlib.import_module("warpbridge.ops._torch")
 
 
 def _check_clouds(op: str, adapter: Any, arrays: dict[str, Any]) -> None:
@@ -175,3 +184,6 @@ def knn_aggregate(query: Any, ref: Any, features: Any, k: int, sigma: float) -> 
     _check_clouds(op, a, arrays)
     k = _k(op, k, a.meta(ref)[1][0])
     return a.knn_aggregate(query, ref, features, k, _positive(op, "sigma", sigma))
+
+
+_preload_torch()
