@@ -102,6 +102,31 @@ def test_vmap_runs_one_launch_per_element():
     np.testing.assert_allclose(g, np.cos(x) * y, rtol=1e-12)
 
 
+def test_vmap_broadcast_all_folds_the_batch_into_one_launch():
+    import warp as wp
+
+    calls = []
+
+    def exp_times(x: wp.array(dtype=wp.float64), k: wp.array(dtype=wp.float64), z: wp.array(dtype=wp.float64)):
+        calls.append(tuple(x.shape))
+        K.exp_times(x, k, z)
+
+    fold = wb.op(exp_times, name="jax_exp_times_fold", vmap_method="broadcast_all")
+    mul = wb.op(K.mul64, name="jax_mul_fold", vmap_method="broadcast_all")
+    x, y = jnp.asarray(rng().random((4, 5))), jnp.asarray(rng(1).random((4, 5)))
+    np.testing.assert_allclose(jax.jit(jax.vmap(fold))(x, y), np.exp(x) * y, rtol=1e-12)
+    assert calls == [(20,)]  # one launch function call for the whole batch
+    calls.clear()
+    g = jax.vmap(jax.grad(lambda a, b: jnp.sum(fold(a, b)), argnums=(0, 1)))(x, y)
+    np.testing.assert_allclose(g[0], np.exp(x) * y, rtol=1e-12)
+    np.testing.assert_allclose(g[1], np.exp(x), rtol=1e-12)
+    assert calls == [(20,), (20,)]  # forward, and the backward's re-run under a tape
+    # a kernel, with an argument shared by the batch (expanded, so read per thread)
+    gy = jax.vmap(jax.grad(lambda a, b: jnp.sum(mul(a, b)), argnums=1), in_axes=(0, None))(x, y[0])
+    np.testing.assert_allclose(gy, np.sin(x), rtol=1e-12)
+    np.testing.assert_allclose(jax.vmap(mul, in_axes=(0, None))(x, y[0]), np.sin(x) * y[0], rtol=1e-12)
+
+
 def test_bad_input():
     op = wb.op(K.scale_shift)
     x = jnp.ones(3)

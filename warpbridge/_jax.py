@@ -9,8 +9,9 @@ That goes past ``wp.jax_kernel(enable_backward=True)``, which supports neither o
 nor launch functions, and it keeps warpbridge's gradient rules: inputs and incoming
 cotangents are read-only to Warp, gradients are fresh, nothing survives a backward.
 
-Works under ``jax.jit``, ``jax.grad``/``jax.vjp``, ``jax.vmap`` (``vmap_method="sequential"``:
-one launch per batch element, always correct) and ``shard_map``. Scalars must be static
+Works under ``jax.jit``, ``jax.grad``/``jax.vjp``, ``jax.vmap`` (one launch per batch element,
+always correct; or, for ops made with ``vmap_method="broadcast_all"`` and inferred dims, the
+batch folded into one launch) and ``shard_map``. Scalars must be static
 Python numbers: they are baked into the compiled call.
 """
 
@@ -57,13 +58,17 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
         avals.append((shape, dtype.name))
     ld, od = op.dims(launch_dims, output_dims)
     launch, out_shapes = _plan.resolve_dims(op.name, sig, layouts[0] if layouts else None, ld, od)
-    key = (launch, out_shapes, tuple(scalars), tuple(avals))
+    # vmap_method="broadcast_all" folds a jax.vmap batch into the launch (Warp's FFI merges
+    # the batch dims into the first dimension), which needs dims that follow the first
+    # array; with explicit dims, or any other method, jax.vmap runs sequentially.
+    fold = op.vmap_method == "broadcast_all" and ld is None and od is None and bool(layouts)
+    key = (launch, out_shapes, tuple(scalars), tuple(avals), fold)
     cache = op.__dict__.setdefault("_jax_fns", {})
     fn = cache.get(key)
     if fn is None:
         if len(cache) >= _MAX_CACHED:
             cache.clear()
-        fn = cache[key] = _build(op, launch, out_shapes, tuple(scalars), tuple(layouts))
+        fn = cache[key] = _build(op, launch, out_shapes, tuple(scalars), tuple(layouts), fold)
     outs = fn(*arrays)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -89,7 +94,7 @@ def _annotated(fn: Any, params: list[tuple[str, Any]]) -> Any:
     return fn
 
 
-def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes: tuple) -> Any:
+def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes: tuple, fold: bool) -> Any:
     sig = op.sig
     ins: list[Param] = sig.array_inputs
     outs: list[Param] = sig.outputs
@@ -101,15 +106,17 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
         for o in a_out:
             o.zero_()  # outputs start zeroed, as on every framework (kernels may accumulate)
         if sig.kind == "kernel":
-            wp.launch(sig.kernel, dim=launch, inputs=_merge(sig, a_in, scalars), outputs=a_out)
+            dim = a_in[0].shape if fold else launch  # folded: the batch is in the first dim
+            wp.launch(sig.kernel, dim=dim, inputs=_merge(sig, a_in, scalars), outputs=a_out)
         else:
             sig.func(*_merge(sig, a_in, scalars), *a_out)
 
+    vmap_method = "broadcast_all" if fold else "sequential"
     fwd_params = [(p.name, p.wp_type) for p in ins] + [(p.name, p.wp_type) for p in outs]
     fwd = wp.jax_callable(
         _annotated(forward, fwd_params),
         num_outputs=len(outs),
-        vmap_method="sequential",
+        vmap_method=vmap_method,
         output_dims={p.name: s for p, s in zip(outs, out_shapes)},
     )
 
@@ -133,7 +140,8 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
                 adj_out.append(g)
             else:
                 adj_out.append(None)
-            scratch.append(wp.zeros(shape, dtype=p.wp_type.dtype))  # what the forward saw
+            # what the forward saw (folded: outputs follow the first array, batch included)
+            scratch.append(wp.zeros(a_in[0].shape if fold else shape, dtype=p.wp_type.dtype))
         if sig.kind == "kernel":
             adj_in = []
             ai = iter(range(len(ins)))
@@ -144,7 +152,7 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
                     adj_in.append(_zero_scalar(p))
             wp.launch(
                 sig.kernel,
-                dim=launch,
+                dim=a_in[0].shape if fold else launch,
                 inputs=_merge(sig, a_in, scalars),
                 outputs=scratch,
                 adj_inputs=adj_in,
@@ -167,7 +175,7 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
         wp.jax_callable(
             _annotated(backward, bwd_params),
             num_outputs=len(diff),
-            vmap_method="sequential",
+            vmap_method=vmap_method,
             output_dims={f"grad_{ins[i].name}": in_shapes[i] for i in diff},
         )
         if diff and fouts and sig.backward_enabled

@@ -39,7 +39,7 @@ _BY_TYPE: dict[type, Any] = {}  # array type -> adapter module, filled on first 
 # Plans are cheap to rebuild (~50 us) but eager shapes can vary without end (a new batch size
 # every step): past this many, a cache starts over rather than grow for the life of the op.
 MAX_CACHED = 256
-# How torch.vmap batches an op (jax.vmap always runs sequentially); see warpbridge/_torch/_func.py.
+# How torch.vmap (and, for broadcast_all, jax.vmap) batch an op; see warpbridge/_torch/_func.py.
 VMAP_METHODS = ("sequential", "expand_dims", "broadcast_all")
 
 
