@@ -229,7 +229,8 @@ def op(
             into the first launch dimension (one launch; unbatched arrays are expanded to the
             batch); ``"expand_dims"`` folds batched arrays and shares unbatched ones. Both
             declare that the kernel is elementwise over its first dimension; see
-            ``docs/torch-func.md``.
+            ``docs/torch-func.md``. ``jax.vmap`` folds for ``"broadcast_all"`` too and
+            runs the other methods sequentially.
 
     Returns:
         A :class:`WarpOp`; without ``fn``, a decorator that makes one.
