@@ -135,13 +135,19 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
                 g = next(gi)
                 # The adjoint may add into an output's gradient when the kernel reads that
                 # output, and a tape may always: give it a private copy of JAX's cotangent.
-                if sig.kind == "function" or p.name in sig.reads_outputs:
+                if sig.kind == "function" or p.name in sig.tracked_outputs:
                     g = wp.clone(g)
                 adj_out.append(g)
             else:
                 adj_out.append(None)
-            # what the forward saw (folded: outputs follow the first array, batch included)
+            # the forward's outputs (folded: outputs follow the first array, batch included)
             scratch.append(wp.zeros(a_in[0].shape if fold else shape, dtype=p.wp_type.dtype))
+        if sig.kind == "kernel" and sig.reads_outputs:  # the adjoint reads what the forward left
+            dim = a_in[0].shape if fold else launch
+            wp.launch(sig.kernel, dim=dim, inputs=_merge(sig, a_in, scalars), outputs=scratch)
+        for p, s_, g in zip(outs, scratch, adj_out):
+            if g is not None and p.name in sig.tracked_outputs:
+                s_.grad = g  # as Warp's Tape: stores consume the gradient of what they overwrite
         if sig.kind == "kernel":
             adj_in = []
             ai = iter(range(len(ins)))
@@ -164,21 +170,39 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
             outs_g = [_with_grad(s, g) for s, g in zip(scratch, adj_out)]
             tape = wp.Tape()
             with tape:
-                sig.func(*_merge(sig, wrapped, scalars), *outs_g)
+                kept = _plan.call_keeping_locals(sig.func, [*_merge(sig, wrapped, scalars), *outs_g])
+            _plan.check_recorded(op, tape)
             tape.backward()
+            del kept
             # no tape.reset(): it would zero the gradients just computed
 
+    cb = op.custom_backward
+
+    def custom(*arrays):
+        n, no, m = len(ins), len(outs), len(fouts)
+        a_in, a_out = list(arrays[:n]), list(arrays[n : n + no])
+        g_out, g_in = list(arrays[n + no : n + no + m]), list(arrays[n + no + m :])
+        for g in g_in:
+            g.zero_()
+        args = [*_merge(sig, a_in, scalars), *a_out, *g_out]
+        if cb.sig.kind == "kernel":
+            wp.launch(cb.sig.kernel, dim=a_in[0].shape if fold else launch, inputs=args, outputs=g_in)
+        else:
+            cb.sig.func(*args, *g_in)
+
     bwd_params = [(p.name, p.wp_type) for p in ins]
+    if cb is not None:
+        bwd_params += [(f"out_{p.name}", p.wp_type) for p in outs]
     bwd_params += [(f"grad_{outs[j].name}", outs[j].wp_type) for j in fouts]
     bwd_params += [(f"grad_{ins[i].name}", ins[i].wp_type) for i in diff]
     bwd = (
         wp.jax_callable(
-            _annotated(backward, bwd_params),
+            _annotated(custom if cb is not None else backward, bwd_params),
             num_outputs=len(diff),
             vmap_method=vmap_method,
             output_dims={f"grad_{ins[i].name}": in_shapes[i] for i in diff},
         )
-        if diff and fouts and sig.backward_enabled
+        if diff and fouts and (sig.backward_enabled or cb is not None)
         else None
     )
 
@@ -187,17 +211,15 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
         return tuple(fwd(*arrays))
 
     def f_fwd(*arrays):
-        return f(*arrays), arrays
+        outs_ = f(*arrays)
+        return outs_, (arrays, outs_ if cb is not None else ())
 
-    def f_bwd(arrays, cotangents):
-        if not sig.backward_enabled:
-            raise fail(
-                op.name,
-                f"cannot differentiate: kernel '{sig.kernel.key}' was compiled with enable_backward=False",
-            )
+    def f_bwd(res, cotangents):
+        arrays, saved = res
+        op.check_gradient()  # rule 7, at jax.grad trace time
         if bwd is None:
             return tuple(None for _ in arrays)
-        grads = bwd(*arrays, *[cotangents[j] for j in fouts])
+        grads = bwd(*arrays, *saved, *[cotangents[j] for j in fouts])
         result = [None] * len(arrays)
         for i, g in zip(diff, grads):
             result[i] = g

@@ -11,7 +11,7 @@ from typing import Any
 
 import warp as wp
 
-from . import _plan
+from . import _adjoint, _backward, _plan
 from ._errors import WarpBridgeError, describe, fail
 from ._signature import Signature
 
@@ -55,6 +55,8 @@ class WarpOp:
         output_dims: Any = None,
         name: str | None = None,
         vmap_method: str = "sequential",
+        backward: Any = None,
+        trust_adjoint: bool = False,
     ):
         name = _default_name(fn) if name is None else name
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
@@ -62,6 +64,10 @@ class WarpOp:
         if vmap_method not in VMAP_METHODS:
             raise fail(name, f"vmap_method must be one of {', '.join(map(repr, VMAP_METHODS))}, got {vmap_method!r}")
         self.vmap_method = vmap_method
+        if not isinstance(trust_adjoint, bool):
+            raise fail(name, f"trust_adjoint must be a bool, got {trust_adjoint!r}")
+        self.trust_adjoint = trust_adjoint
+        self.custom_backward: _backward.CustomBackward | None = None
         _plan.ensure_init()
         self.name = name
         self.sig = Signature(fn, num_outputs, name)
@@ -76,6 +82,8 @@ class WarpOp:
         self._lock = threading.Lock()
         self.__doc__ = getattr(fn, "__doc__", None) or f"warpbridge op wrapping {name}."
         self.__wrapped__ = fn
+        if backward is not None:
+            self.backward(backward)
         if "torch" in sys.modules:
             # Register now so that the first call inside torch.compile finds the op ready:
             # registration itself cannot be traced.
@@ -98,6 +106,43 @@ class WarpOp:
                 if self._torch_op is None:
                     self._torch_op = _library.register(self)
         return self._torch_op
+
+    def backward(self, fn: Any) -> Any:
+        """Give the op its own backward, replacing Warp's generated adjoint; returns ``fn``.
+
+        ``fn`` is a ``wp.Kernel`` (launched with the forward's launch dims) or an annotated
+        launch function taking, in order: the op's inputs (scalars included), its outputs as
+        the forward left them, ``adj_<name>`` for each floating-point output (the incoming
+        gradients, read-only) and ``adj_<name>`` for each floating-point array input (zeroed
+        gradient arrays it fills). See ``docs/custom-backward.md``.
+        """
+        if self.custom_backward is not None:
+            raise fail(
+                self.name,
+                f"already has a backward ({self.custom_backward.name}); an op takes one. Make a new op with "
+                "wb.op(kernel, backward=...) to use another",
+            )
+        self.custom_backward = _backward.CustomBackward(self, fn)
+        self.__dict__.pop("_jax_fns", None)  # JAX functions built before now captured the old backward
+        return fn
+
+    def check_gradient(self) -> None:
+        """Raise :class:`WarpBridgeError` if this op's gradient cannot be trusted (rule 7)."""
+        if self.custom_backward is not None:
+            return
+        sig = self.sig
+        if not sig.backward_enabled:
+            raise fail(
+                self.name,
+                f"cannot differentiate: kernel '{sig.kernel.key}' was compiled with enable_backward=False. "
+                "Re-create it with enable_backward=True, give the op its own backward (@op.backward), or run "
+                "the op without gradients",
+            )
+        if self.trust_adjoint:
+            return
+        found = sig.hazards()
+        if found:
+            raise WarpBridgeError(_adjoint.refusal(self.name, found))
 
     def __call__(self, *args: Any, launch_dims: Any = None, output_dims: Any = None) -> Any:
         """Run the op on framework arrays; see :func:`warpbridge.op`."""
@@ -210,6 +255,8 @@ def op(
     output_dims: Any = None,
     name: str | None = None,
     vmap_method: str = "sequential",
+    backward: Any = None,
+    trust_adjoint: bool = False,
 ) -> Any:
     """Turn a Warp kernel, or a function that launches kernels, into a differentiable operator.
 
@@ -231,6 +278,12 @@ def op(
             declare that the kernel is elementwise over its first dimension; see
             ``docs/torch-func.md``. ``jax.vmap`` folds for ``"broadcast_all"`` too and
             runs the other methods sequentially.
+        backward: the op's own backward, a kernel or launch function (see
+            :meth:`WarpOp.backward` and ``docs/custom-backward.md``), used instead of Warp's
+            generated adjoint.
+        trust_adjoint: skip the check that refuses gradients Warp's adjoint gets wrong
+            (variables changed in dynamic loops, outputs read then overwritten). Only for
+            kernels whose adjoint you have checked, e.g. with ``warpbridge.testing.check_op``.
 
     Returns:
         A :class:`WarpOp`; without ``fn``, a decorator that makes one.
@@ -249,7 +302,15 @@ def op(
 
         y = square(torch.arange(4.0, requires_grad=True))  # tensor([0., 1., 4., 9.])
     """
-    kw = dict(num_outputs=num_outputs, launch_dims=launch_dims, output_dims=output_dims, name=name)
+    kw = dict(
+        num_outputs=num_outputs,
+        launch_dims=launch_dims,
+        output_dims=output_dims,
+        name=name,
+        vmap_method=vmap_method,
+        backward=backward,
+        trust_adjoint=trust_adjoint,
+    )
     if fn is None:
-        return lambda f: WarpOp(f, **kw, vmap_method=vmap_method)
-    return WarpOp(fn, **kw, vmap_method=vmap_method)
+        return lambda f: WarpOp(f, **kw)
+    return WarpOp(fn, **kw)

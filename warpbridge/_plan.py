@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import ctypes
 import math
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import warp as wp
 
+from . import _adjoint
+from ._errors import WarpBridgeError, fail
 from ._errors import describe as describe_value
-from ._errors import fail
 from ._signature import Param, Signature
 
 _array_t = wp._src.types.array_t
@@ -309,6 +311,11 @@ class Plan:
             raise fail(self.sig.name, "the kernel was compiled with enable_backward=False; it has no adjoint")
         args = self._copy(self.template)
         self._fill(args, in_ptrs, scalars, out_ptrs)
+        for p, (ptr, _) in zip(self.sig.outputs, out_grads):
+            if p.name in self.sig.tracked_outputs:
+                # as Warp's Tape does: the adjoint of a store consumes (zeroes) the gradient of
+                # the element it overwrote, so earlier stores and reads see only what reached them
+                getattr(args, p.name).grad = ptr
         grads = iter(in_grad_ptrs)
         adj = []
         k = 0
@@ -408,6 +415,7 @@ def run_function(
 
 
 def run_function_adjoint(
+    op: Any,
     plan: Plan,
     ins: Sequence[int],
     scalars: Sequence[Any],
@@ -426,9 +434,61 @@ def run_function_adjoint(
     tape = wp.Tape()
     with _scoped(plan.device, stream):
         with tape:
-            plan.sig.func(*args)
+            kept = call_keeping_locals(plan.sig.func, args)
+        check_recorded(op, tape)
         tape.backward()
+    del kept
     # No tape.reset(): it zeroes every gradient it tracked, the ones just computed included.
+
+
+def call_keeping_locals(func: Any, args: Sequence[Any]) -> list:
+    """Call ``func`` and return its local variables as they were when it returned.
+
+    The tape's launches refer to objects the function made (a ``wp.HashGrid``, a ``wp.Mesh``,
+    scratch arrays) only through ids and pointers; they must outlive ``tape.backward()``,
+    which runs after the function has returned.
+    """
+    code = getattr(func, "__code__", None)
+    kept: list = []
+    previous = sys.getprofile()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "return" and frame.f_code is code:
+            kept.append(dict(frame.f_locals))
+        if previous is not None:
+            previous(frame, event, arg)
+
+    sys.setprofile(profile if code is not None else previous)
+    try:
+        func(*args)
+    finally:
+        sys.setprofile(previous)
+    return kept
+
+
+def recorded_kernels(tape: Any) -> list:
+    """The kernels a ``wp.Tape`` recorded, in launch order."""
+    found = []
+    for entry in tape.launches:
+        k = getattr(entry, "kernel", None)
+        if k is None and isinstance(entry, (list, tuple)) and entry and isinstance(entry[0], wp.Kernel):
+            k = entry[0]
+        if isinstance(k, wp.Kernel) and k not in found:
+            found.append(k)
+    return found
+
+
+def check_recorded(op: Any, tape: Any) -> None:
+    """Rule 7 for launch functions: refuse if any kernel the tape recorded has a hazard."""
+    if op.trust_adjoint:
+        return
+    found: tuple = ()
+    for k in recorded_kernels(tape):
+        if not k.options.get("enable_backward", k.module.options.get("enable_backward", True)):
+            raise fail(op.name, f"cannot differentiate: kernel '{k.key}' was compiled with enable_backward=False")
+        found += _adjoint.kernel_hazards(k)
+    if found:
+        raise WarpBridgeError(_adjoint.refusal(op.name, found))
 
 
 def _function_args(plan, ins, scalars, outs, in_grads, out_grads):
@@ -520,22 +580,22 @@ def backward(
     device: Any,
     stream: Any,
     targets: Sequence[Any] | None = None,
+    outputs: Sequence[Any] | None = None,
 ) -> list:
     """The framework-neutral backward: input gradients (None where not needed or where a
     ``targets`` array received them in place) from the output gradients ``grads``.
 
     Input gradients are fresh zeroed arrays from the framework (rule 3). Output gradients are
     only read, unless the adjoint could add into them (the kernel reads that output), in which
-    case it gets a private copy (rule 2). ``fw`` adds to the ``prepare`` description:
-    ``zeros(shape, dtype name, device)``, ``private_copy(a)`` and ``ptr(a)``.
+    case it gets a private copy (rule 2). ``outputs``: the forward's outputs, where the
+    framework saved them; otherwise they are recomputed when the backward needs them. ``fw``
+    adds to the ``prepare`` description: ``zeros(shape, dtype name, device)``,
+    ``private_copy(a)`` and ``ptr(a)``.
     """
     sig = op.sig
-    if not sig.backward_enabled:
-        raise fail(
-            op.name,
-            f"cannot differentiate: kernel '{sig.kernel.key}' was compiled with enable_backward=False. "
-            "Re-create it with enable_backward=True, or run the op without gradients",
-        )
+    op.check_gradient()  # rule 7, before anything is launched
+    if op.custom_backward is not None:
+        return _custom_backward(op, plan, scalars, arrays, grads, needs, fw, device, stream, outputs)
     direct = [None] * len(arrays) if targets is None else targets
     in_grads: list = []
     for p, a, need, v in zip(sig.array_inputs, arrays, needs, direct):
@@ -547,26 +607,31 @@ def backward(
     if all(g is None for g in in_grads) and all(v is None for v in direct):
         return in_grads
     out_grads, keep, out_ptrs = [], [], []
-    for p, shape, g in zip(sig.outputs, plan.out_shapes, grads):
+    ins = [fw.ptr(a) for a in arrays]
+    # The adjoint re-reads outputs only if the kernel does; it must see what the forward left
+    # there. It gets a private copy (the framework's saved outputs, or a replay of the
+    # forward); outputs it never reads need no memory at all.
+    values = None
+    if sig.kind == "function":  # scratch outputs: the tape re-runs the function into them
+        values = [fw.zeros(s + p.inner_shape, p.dtype_name, device) for p, s in zip(sig.outputs, plan.out_shapes)]
+    elif sig.reads_outputs:
+        if outputs is not None:
+            values = [fw.private_copy(o) for o in outputs]
+        else:
+            values = _replay(plan, ins, scalars, fw, device, stream)
+    keep.extend(values or ())
+    for j, (p, shape, g) in enumerate(zip(sig.outputs, plan.out_shapes, grads)):
         full = shape + p.inner_shape
         if g is None:
             g = fw.zeros(full, p.dtype_name, device)
         else:
             _, gshape, gstrides, _, _ = fw.meta(g)
-            if p.name in sig.reads_outputs or not inner_contiguous(p, gshape, gstrides):
+            if p.name in sig.tracked_outputs or not inner_contiguous(p, gshape, gstrides):
                 g = fw.private_copy(g)
         keep.append(g)
         _, _, gstrides, itemsize, _ = fw.meta(g)
         out_grads.append((fw.ptr(g), tuple(s * itemsize for s in gstrides[: p.ndim])))
-        # The adjoint re-reads outputs only if the kernel does; it must see what the forward
-        # saw (zeros). Outputs it never reads need no memory at all.
-        if p.name in sig.reads_outputs:
-            z = fw.zeros(full, p.dtype_name, device)
-            keep.append(z)
-            out_ptrs.append(fw.ptr(z))
-        else:
-            out_ptrs.append(0)
-    ins = [fw.ptr(a) for a in arrays]
+        out_ptrs.append(fw.ptr(values[j]) if values is not None and p.name in sig.reads_outputs else 0)
     gptrs = [
         fw.ptr(g) if g is not None else (fw.ptr(v) if v is not None and p.differentiable else 0)
         for g, v, p in zip(in_grads, direct, sig.array_inputs)
@@ -574,6 +639,77 @@ def backward(
     if sig.kind == "kernel":
         plan.adjoint(ins, scalars, out_ptrs, gptrs, out_grads, stream)
     else:
-        run_function_adjoint(plan, ins, scalars, out_ptrs, gptrs, out_grads, stream)
+        run_function_adjoint(op, plan, ins, scalars, out_ptrs, gptrs, out_grads, stream)
     del keep
     return in_grads
+
+
+def _replay(plan: Plan, ins: Sequence[int], scalars: Sequence[Any], fw: Any, device: Any, stream: Any) -> list:
+    """The forward's outputs, recomputed into fresh zeroed arrays."""
+    outs = [fw.zeros(s + p.inner_shape, p.dtype_name, device) for p, s in zip(plan.sig.outputs, plan.out_shapes)]
+    ptrs = [fw.ptr(o) for o in outs]
+    if plan.sig.kind == "kernel":
+        plan.forward(ins, scalars, ptrs, stream)
+    else:
+        run_function(plan, ins, scalars, ptrs, stream)
+    return outs
+
+
+def _custom_backward(
+    op: Any,
+    plan: Plan,
+    scalars: Sequence[Any],
+    arrays: Sequence[Any],
+    grads: Sequence[Any],
+    needs: Sequence[bool],
+    fw: Any,
+    device: Any,
+    stream: Any,
+    outputs: Sequence[Any] | None,
+) -> list:
+    """Launch the op's own backward: it reads inputs, outputs and output gradients (its
+    signature forbids writing them) and fills one zeroed gradient per floating array input."""
+    sig, cb = op.sig, op.custom_backward
+    wanted = [need and p.differentiable for p, need in zip(sig.array_inputs, needs)]
+    if not any(wanted):
+        return [None] * len(arrays)
+    keep: list = []
+    ins = [fw.ptr(a) for a in arrays]
+    if outputs is None:
+        outputs = _replay(plan, ins, scalars, fw, device, stream)
+    outputs = list(outputs)
+    keep.extend(outputs)
+    g_ptrs, g_layouts = [], []
+    for p, shape, g in zip(sig.outputs, plan.out_shapes, grads):
+        if not p.is_float:
+            continue
+        if g is None:
+            g = fw.zeros(shape + p.inner_shape, p.dtype_name, device)
+        else:
+            _, gshape, gstrides, _, _ = fw.meta(g)
+            if not inner_contiguous(p, gshape, gstrides):
+                g = fw.private_copy(g)
+        keep.append(g)
+        _, _, gstrides, itemsize, _ = fw.meta(g)
+        g_ptrs.append(fw.ptr(g))
+        g_layouts.append((shape, tuple(s * itemsize for s in gstrides[: p.ndim])))
+    in_grads = []
+    for p, a in zip(sig.array_inputs, arrays):
+        if p.differentiable:
+            dtype_name, shape, *_ = fw.meta(a)
+            in_grads.append(fw.zeros(shape, dtype_name, device))
+    bplan = cb.plan(plan, g_layouts)
+    b_ins = ins + [fw.ptr(o) for o in outputs] + g_ptrs
+    b_outs = [fw.ptr(g) for g in in_grads]
+    if cb.sig.kind == "kernel":
+        bplan.forward(b_ins, scalars, b_outs, stream)
+    else:
+        if sig.kind == "kernel":  # kernels take packed scalars; functions the Python values
+            scalars = [
+                wp._src.types.half_bits_to_float(v) if p.dtype_name == "float16" and not p.inner_shape else v
+                for p, v in zip((q for q in sig.inputs if not q.is_array), scalars)
+            ]
+        run_function(bplan, b_ins, scalars, b_outs, stream)
+    del keep
+    grads_iter = iter(in_grads)
+    return [next(grads_iter) if p.differentiable else None for p in sig.array_inputs]

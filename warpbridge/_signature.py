@@ -3,12 +3,11 @@
 The signature is all a framework adapter needs to know about the callable: which
 parameters are inputs and which are outputs, each array's element dtype, rank and
 vector/matrix shape, which inputs are differentiable, and two facts about the kernel's
-adjoint that the gradient rules depend on (see :func:`_array_accesses`).
+adjoint that the gradient rules depend on (see :mod:`warpbridge._adjoint`).
 """
 
 from __future__ import annotations
 
-import ast
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Any
 
 import warp as wp
 
+from . import _adjoint
 from ._errors import WarpBridgeError
 
 # Warp scalar types by the framework-neutral names that adapters map to their dtypes.
@@ -35,19 +35,6 @@ _SCALAR_NAMES: dict[Any, str] = {
 }
 _PYTHON_SCALARS = {float: wp.float32, int: wp.int32, bool: wp.bool}
 _FLOAT_NAMES = frozenset({"float16", "float32", "float64"})
-_ATOMICS = frozenset(
-    {
-        "atomic_add",
-        "atomic_sub",
-        "atomic_min",
-        "atomic_max",
-        "atomic_cas",
-        "atomic_exch",
-        "atomic_and",
-        "atomic_or",
-        "atomic_xor",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -121,19 +108,40 @@ class Signature:
         if self.kind == "kernel":
             opts = fn.options
             self.backward_enabled = bool(opts.get("enable_backward", fn.module.options.get("enable_backward", True)))
-            reads, writes, unknown = _array_accesses(fn.adj.tree, {p.name for p in self.array_inputs + self.outputs})
-            written = [p.name for p in self.array_inputs if p.name in writes]
+            acc = _adjoint.array_accesses(fn.adj.tree, fn.func, {p.name for p in self.array_inputs + self.outputs})
+            written = [p.name for p in self.array_inputs if p.name in acc.writes]
             if written:
                 raise WarpBridgeError(
-                    f"{name}(): kernel '{fn.key}' writes to its input array(s) {written}; warpbridge never modifies "
-                    f"inputs. Make the written array an output (one of the last num_outputs parameters) instead"
+                    f"{name}(): kernel '{fn.key}' writes to its input array(s) {written} (directly or through a "
+                    "@wp.func it calls); warpbridge never modifies inputs. Make the written array an output "
+                    "(one of the last num_outputs parameters) instead"
                 )
-            # Reading an output inside the kernel makes Warp's adjoint add into that output's
-            # gradient array, which would corrupt the framework's read-only output gradient.
-            self.reads_outputs = frozenset(p.name for p in self.outputs if p.name in reads | unknown)
+            # Reading an output makes Warp's adjoint need that output's value (the backward
+            # replays the forward into a scratch buffer) and add into that output's gradient
+            # (which then gets a private copy).
+            self.reads_outputs = frozenset(p.name for p in self.outputs if p.name in acc.reads | acc.unknown)
+            # Outputs whose gradient the adjoint must consume as it undoes each store, as Warp's
+            # Tape arranges it (the output's descriptor carries its gradient's pointer): the
+            # ones it reads, and the ones stored more than once.
+            self.tracked_outputs = self.reads_outputs | frozenset(
+                p.name for p in self.outputs if p.name in acc.restored
+            )
+            self._overwritten = {k: v for k, v in acc.overwritten.items() if k in {p.name for p in self.outputs}}
         else:
             self.backward_enabled = True
             self.reads_outputs = frozenset(p.name for p in self.outputs)
+            self.tracked_outputs = self.reads_outputs
+            self._overwritten = {}
+        self._hazards: tuple | None = None
+
+    def hazards(self) -> tuple:
+        """Constructs whose generated adjoint would be silently wrong (kernels; see ``_adjoint``)."""
+        if self._hazards is None:
+            if self.kind != "kernel":
+                self._hazards = ()
+            else:
+                self._hazards = _adjoint.kernel_hazards(self.kernel, frozenset(self._overwritten))
+        return self._hazards
 
     @property
     def target(self) -> Any:
@@ -185,41 +193,3 @@ def _make_param(op: str, position: int, label: str, t: Any) -> Param:
         return Param(label, position, True, t, dtype_name, inner, int(t.ndim))
     dtype_name, inner = _element_info(op, label, t)
     return Param(label, position, False, _PYTHON_SCALARS.get(t, t), dtype_name, inner, 0)
-
-
-def _array_accesses(tree: ast.AST, names: set[str]) -> tuple[set[str], set[str], set[str]]:
-    """Which of ``names`` (array parameters) the kernel body reads, writes, or uses otherwise.
-
-    Stores ``a[i] = v`` / ``a[i] += v`` and atomics ``wp.atomic_add(a, ...)`` are writes whose
-    adjoint only reads ``adj_a``; a load ``a[i]`` is a read, whose adjoint adds into ``adj_a``.
-    Anything else (passing the array to a ``@wp.func``, aliasing it) is reported as unknown:
-    callers treat it as a possible read, never as a definite write. Metadata (``a.shape``) is
-    none of these.
-    """
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    reads: set[str] = set()
-    writes: set[str] = set()
-    unknown: set[str] = set()
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Name) and node.id in names and isinstance(node.ctx, ast.Load)):
-            continue
-        parent = parents.get(node)
-        if isinstance(parent, ast.Attribute) and parent.attr in ("shape", "ndim", "size", "strides"):
-            continue
-        if isinstance(parent, ast.Subscript) and parent.value is node:
-            outer = parents.get(parent)
-            if isinstance(parent.ctx, ast.Store):
-                writes.add(node.id)
-            elif isinstance(outer, ast.Subscript) and outer.value is parent and isinstance(outer.ctx, ast.Store):
-                writes.add(node.id)  # a[i][0] = v: a component store
-            else:
-                reads.add(node.id)
-            continue
-        if isinstance(parent, ast.Call) and parent.args and parent.args[0] is node:
-            func = parent.func
-            fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if fname in _ATOMICS:
-                writes.add(node.id)
-                continue
-        unknown.add(node.id)
-    return reads, writes, unknown

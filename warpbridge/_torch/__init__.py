@@ -77,7 +77,9 @@ class _Apply(torch.autograd.Function):
         outs = _core.forward(c, tensors)
         ctx.call = c
         ctx.direct = direct
-        ctx.save_for_backward(*tensors)
+        # The forward's outputs, where the backward reads them (a custom backward, or a kernel
+        # that reads its outputs): saved, so no replay and the version counter guards them.
+        ctx.save_for_backward(*tensors, *(outs if _core.needs_outputs(c.op) else ()))
         for o, is_float in zip(outs, _core.float_outputs(c.op)):
             if not is_float:
                 ctx.mark_non_differentiable(o)
@@ -86,8 +88,9 @@ class _Apply(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        tensors = ctx.saved_tensors
+        saved = ctx.saved_tensors
         needs = ctx.needs_input_grad[2:]
+        tensors, outputs = saved[: len(needs)], saved[len(needs) :] or None
         targets = _direct_targets(ctx.direct, tensors, needs) if ctx.direct else None
-        in_grads = _core.backward(ctx.call, tensors, grads, needs, targets)
+        in_grads = _core.backward(ctx.call, tensors, grads, needs, targets, outputs)
         return (None, None, *in_grads)

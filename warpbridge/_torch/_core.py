@@ -176,6 +176,7 @@ def backward(
     grads: Sequence[torch.Tensor | None],
     needs: Sequence[bool],
     targets: Sequence[torch.Tensor | None] | None = None,
+    outputs: Sequence[torch.Tensor] | None = None,
 ) -> list[torch.Tensor | None]:
     """Input gradients (None where not needed) from the output gradients (``_plan.backward``).
 
@@ -185,8 +186,13 @@ def backward(
     stream = warp_stream(call.device)
     with _pool.scope(call.device, call.plan.device) if call.plan.sig.kind == "function" else _NO_SCOPE:
         return _plan.backward(
-            call.op, call.plan, call.scalars, tensors, grads, needs, _Torch, call.device, stream, targets
+            call.op, call.plan, call.scalars, tensors, grads, needs, _Torch, call.device, stream, targets, outputs
         )
+
+
+def needs_outputs(op: WarpOp) -> bool:
+    """Whether the backward reads the forward's outputs."""
+    return op.custom_backward is not None or (op.sig.kind == "kernel" and bool(op.sig.reads_outputs))
 
 
 def float_outputs(op: WarpOp) -> tuple[bool, ...]:

@@ -1,0 +1,442 @@
+"""What Warp's generated adjoint of a kernel can and cannot get right (rule 7).
+
+Two facts are read once per kernel:
+
+* **Array accesses** (:func:`array_accesses`): which array parameters the kernel reads, writes,
+  or reads and then overwrites, followed through every ``@wp.func`` it passes them to.
+* **Hazards** (:func:`hazards`): constructs whose generated adjoint is silently wrong.
+
+  - A variable that a *dynamic* loop changes (``while``; ``for`` over a runtime ``range`` or
+    one longer than the module's ``max_unroll``; ``wp.hash_grid_query``, ``wp.mesh_query_*``,
+    ``wp.bvh_query_*`` iterators). Warp's adjoint does not replay such loops, so those values
+    are stale when it runs. The loops are the ones Warp's own code generator leaves dynamic:
+    warpbridge runs the generator (no compilation) and records what it reports, so a loop
+    Warp unrolls is never flagged. Integer variables a ``while`` loop changes and nothing
+    after the loop reads are fine (the reverse loop replays them in order) and are not
+    reported, nor are accumulators only ever added to and read as additive terms
+    (``acc += a[i, k] * b[k, j]`` ... ``c[i, j] = acc``): their adjoint never needs their value.
+    Functions with their own ``@wp.func_grad`` are not looked into.
+  - An output element read and then overwritten by a non-additive store (``y[i] *= v``,
+    ``y[i] = y[i] * v``): the adjoint only has the final value, not the one that was read.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import inspect
+import threading
+from typing import Any, NamedTuple
+
+import warp as wp
+
+_ATOMIC_WRITES = frozenset(
+    {"atomic_add", "atomic_sub", "atomic_min", "atomic_max", "atomic_cas", "atomic_exch", "atomic_and",
+     "atomic_or", "atomic_xor"}
+)  # fmt: skip
+# Atomics whose adjoint reads the array's value (min/max compare against it): reads as well.
+_ATOMIC_READS = frozenset({"atomic_min", "atomic_max", "atomic_cas", "atomic_exch"})
+_METADATA = frozenset({"shape", "ndim", "size", "strides", "dtype"})
+_MAX_DEPTH = 16
+
+
+class Accesses(NamedTuple):
+    reads: frozenset[str]
+    writes: frozenset[str]
+    unknown: frozenset[str]  # used in a way that cannot be followed: treated as a possible read
+    overwritten: dict[str, int]  # array -> line of a non-additive store after a read of it
+    restored: frozenset[str]  # stored more than once (or in a loop): the adjoint must consume its gradient
+
+
+class Hazard(NamedTuple):
+    """One construct whose generated adjoint cannot be trusted."""
+
+    kernel: str
+    where: str  # file:line
+    variable: str
+    why: str
+
+
+def _resolve(fn_globals: dict, closure: dict, node: ast.AST) -> Any:
+    """The object an ``f`` or ``mod.f`` call refers to in the kernel's scope, or None."""
+    if isinstance(node, ast.Name):
+        if node.id in closure:
+            return closure[node.id]
+        return fn_globals.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base = _resolve(fn_globals, closure, node.value)
+        return getattr(base, node.attr, None) if base is not None else None
+    return None
+
+
+def _scope(pyfunc: Any) -> tuple[dict, dict]:
+    try:
+        cv = inspect.getclosurevars(pyfunc)
+        return dict(getattr(pyfunc, "__globals__", {})), dict(cv.nonlocals)
+    except (TypeError, ValueError):
+        return dict(getattr(pyfunc, "__globals__", {})), {}
+
+
+def _user_function(obj: Any) -> Any:
+    """A user ``@wp.func`` (with source we can read), else None."""
+    if not isinstance(obj, wp._src.context.Function) or obj.is_builtin() or obj.func is None:
+        return None
+    return obj if getattr(getattr(obj, "adj", None), "tree", None) is not None else None
+
+
+def _constant(node: ast.AST) -> bool:
+    """A literal, or a type constructor of literals (``wp.float64(2.0)``)."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, (int, float))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return _constant(node.operand)
+    if isinstance(node, ast.Call):
+        return not node.keywords and all(_constant(a) for a in node.args)
+    return False
+
+
+def _additive_term(node: ast.AST, target: ast.AST) -> bool:
+    """Whether ``node`` depends on ``target`` only through sums, differences and constant
+    factors, so that its adjoint does not need ``target``'s value."""
+    if node is target:
+        return True
+    if isinstance(node, ast.BinOp):
+        if isinstance(node.op, (ast.Add, ast.Sub)):
+            left, right = _contains(node.left, target), _contains(node.right, target)
+            return (not left or _additive_term(node.left, target)) and (not right or _additive_term(node.right, target))
+        if isinstance(node.op, ast.Mult):
+            if _constant(node.right):
+                return _additive_term(node.left, target)
+            if _constant(node.left):
+                return _additive_term(node.right, target)
+        if isinstance(node.op, ast.Div) and _constant(node.right):
+            return _additive_term(node.left, target)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return _additive_term(node.operand, target)
+    return False
+
+
+def _chain(sub: ast.AST) -> list[ast.AST]:
+    """The index expressions of ``a[i][j]`` / ``a[i, j]``, outermost array index first."""
+    out = []
+    while isinstance(sub, ast.Subscript):
+        sl = sub.slice
+        out[:0] = list(sl.elts) if isinstance(sl, ast.Tuple) else [sl]
+        sub = sub.value
+    return out
+
+
+def _disjoint(a: ast.AST, b: ast.AST) -> bool:
+    """Whether two accesses of one array provably touch different elements: the same index
+    expressions up to a position where both are different integer literals."""
+    for x, y in zip(_chain(a), _chain(b)):
+        if isinstance(x, ast.Constant) and isinstance(y, ast.Constant):
+            if x.value != y.value:
+                return True
+            continue
+        if ast.dump(x) != ast.dump(y):
+            return False
+    return False
+
+
+def _contains(node: ast.AST, target: ast.AST) -> bool:
+    return any(n is target for n in ast.walk(node))
+
+
+def array_accesses(tree: ast.AST, pyfunc: Any, names: set[str], depth: int = 0) -> Accesses:
+    """How the function whose AST is ``tree`` uses each of ``names`` (array parameters).
+
+    Stores ``a[i] = v``, ``a[i][j] = v``, augmented assignments and atomics are writes; a load
+    ``a[i]`` is a read (its adjoint adds into ``adj_a``); ``a[i] *= v`` and ``atomic_min/max``
+    are both. An array passed to a ``@wp.func`` is followed into that function. Anything else
+    (aliasing it, a native or unresolvable function) is *unknown*. Metadata (``a.shape``) is
+    none of these.
+    """
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    fn_globals, closure = _scope(pyfunc)
+    reads: set[str] = set()
+    writes: set[str] = set()
+    unknown: set[str] = set()
+    loads: dict[str, list[tuple[int, int, ast.AST]]] = {}  # name -> (line, col, load node)
+    stores: dict[str, list[tuple[ast.stmt, ast.AST | None, ast.AST]]] = {}  # name -> (stmt, rhs, target)
+    overwritten: dict[str, int] = {}
+    restored_via: set[str] = set()
+
+    def stmt_of(node: ast.AST) -> ast.AST:
+        while node in parents and not isinstance(node, ast.stmt):
+            node = parents[node]
+        return node
+
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Name) and node.id in names and isinstance(node.ctx, ast.Load)):
+            continue
+        parent = parents.get(node)
+        if isinstance(parent, ast.Attribute) and parent.attr in _METADATA:
+            continue
+        if isinstance(parent, ast.Subscript) and parent.value is node:
+            sub, outer = parent, parents.get(parent)
+            if isinstance(outer, ast.Subscript) and outer.value is parent:
+                sub = outer  # a[i][j]
+            stmt = stmt_of(sub)
+            if isinstance(sub.ctx, ast.Store):
+                writes.add(node.id)
+                if isinstance(stmt, ast.AugAssign):
+                    if not isinstance(stmt.op, (ast.Add, ast.Sub)):
+                        reads.add(node.id)  # a[i] *= v reads a[i]
+                        stores.setdefault(node.id, []).append((stmt, None, sub))
+                        loads.setdefault(node.id, []).append((stmt.lineno, stmt.col_offset, sub))
+                else:
+                    stores.setdefault(node.id, []).append((stmt, getattr(stmt, "value", None), sub))
+            else:
+                reads.add(node.id)
+                loads.setdefault(node.id, []).append((stmt.lineno, stmt.col_offset, sub))
+            continue
+        if isinstance(parent, ast.Call) and node in parent.args + [k.value for k in parent.keywords]:
+            func = parent.func
+            fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if fname in _ATOMIC_WRITES and parent.args and parent.args[0] is node:
+                writes.add(node.id)
+                if fname in _ATOMIC_READS:
+                    reads.add(node.id)
+                continue
+            callee = _user_function(_resolve(fn_globals, closure, func))
+            if callee is not None and depth < _MAX_DEPTH:
+                labels = [a.label for a in callee.adj.args]
+                if node in parent.args:
+                    i = parent.args.index(node)
+                    label = labels[i] if i < len(labels) else None
+                else:
+                    label = next(k.arg for k in parent.keywords if k.value is node)
+                if label is not None:
+                    sub_acc = array_accesses(callee.adj.tree, callee.func, {label}, depth + 1)
+                    if label in sub_acc.writes:
+                        writes.add(node.id)
+                    if label in sub_acc.reads:
+                        reads.add(node.id)
+                    if label in sub_acc.unknown:
+                        unknown.add(node.id)
+                    if label in sub_acc.overwritten:
+                        overwritten[node.id] = parent.lineno
+                    if label in sub_acc.restored:
+                        restored_via.add(node.id)
+                    continue
+        unknown.add(node.id)
+
+    restored = restored_via | {
+        name for name, sts in stores.items() if len(sts) > 1 or any(_in_loop(parents, stmt) for stmt, _, _ in sts)
+    }
+    # A read followed (or accompanied) by a non-additive store: the adjoint sees the stored value.
+    for name, sts in stores.items():
+        for stmt, rhs, target in sts:
+            for line, col, load in loads.get(name, ()):
+                if (line, col) > (stmt.lineno, stmt.col_offset) or _disjoint(target, load):
+                    continue
+                inside = rhs is not None and any(n is load for n in ast.walk(rhs))
+                if inside and _additive_term(rhs, load):
+                    continue
+                if line == stmt.lineno and col == stmt.col_offset and not inside and rhs is not None:
+                    continue  # the load is the store's own target chain (a[i][j] = v)
+                overwritten.setdefault(name, stmt.lineno)
+    return Accesses(frozenset(reads), frozenset(writes), frozenset(unknown), overwritten, frozenset(restored))
+
+
+def _in_loop(parents: dict, node: ast.AST) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, (ast.For, ast.While)):
+            return True
+    return False
+
+
+# -- dynamic loops, as Warp's code generator sees them ----------------------------------------
+
+_RECORD = threading.local()
+
+
+def _patched_visitors(Adjoint: Any):
+    loop_stack: list = []
+
+    def wrap_loop(emit):
+        def visit(adj, node):
+            loop_stack.append(node)
+            try:
+                return emit(adj, node)
+            finally:
+                loop_stack.pop()
+
+        return visit
+
+    original = Adjoint.materialize_redefinitions
+
+    def materialize(adj, symbols):
+        found = getattr(_RECORD, "found", None)
+        if found is not None and not adj.custom_reverse_mode and loop_stack:
+            loop = loop_stack[-1]
+            for sym, var1 in symbols.items():
+                var2 = adj.symbols.get(sym)
+                if var2 is None or var1 == var2:
+                    continue
+                if adj.is_constant_iter_symbol(sym) and var1.constant is not None:
+                    continue
+                found.append((adj, loop, sym, var1.type))
+        return original(adj, symbols)
+
+    return wrap_loop, materialize, original
+
+
+@contextlib.contextmanager
+def _recording():
+    """Record Warp's "mutated variable in a dynamic loop" findings while code is generated."""
+    codegen = wp._src.codegen
+    Adjoint = codegen.Adjoint
+    with codegen._codegen_lock:
+        wrap_loop, materialize, original = _patched_visitors(Adjoint)
+        visitors = Adjoint.node_visitors
+        saved = {t: visitors[t] for t in (ast.For, ast.While)}
+        for t, emit in saved.items():
+            visitors[t] = wrap_loop(emit)
+        Adjoint.materialize_redefinitions = materialize
+        _RECORD.found = []
+        try:
+            yield _RECORD.found
+        finally:
+            _RECORD.found = None
+            Adjoint.materialize_redefinitions = original
+            visitors.update(saved)
+
+
+def _only_summed(tree: ast.AST, name: str) -> bool:
+    """Whether every read of the local ``name`` is an additive term (constant factors allowed)
+    of an assignment's value or a return value: ``acc += a * b`` ... ``out[i] = acc``. Then the
+    adjoint only passes gradients through it and never needs its (stale) value."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)):
+            continue
+        stmt = node
+        while stmt in parents and not isinstance(stmt, ast.stmt):
+            stmt = parents[stmt]
+        value = getattr(stmt, "value", None)
+        if not isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return)) or value is None:
+            return False
+        if not _contains(value, node) or not _additive_term(value, node):
+            return False
+        if isinstance(stmt, ast.AugAssign) and not isinstance(stmt.op, (ast.Add, ast.Sub)):
+            return False
+    # and it is never updated other than by adding to it
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.AugAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == name
+            and not isinstance(node.op, (ast.Add, ast.Sub))
+        ):
+            return False
+    return True
+
+
+def _used_outside(tree: ast.AST, loop: ast.AST, name: str) -> bool:
+    inside = {id(n) for n in ast.walk(loop)}
+    return any(
+        isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) and id(n) not in inside
+        for n in ast.walk(tree)
+    )
+
+
+def _reachable(adj: Any, seen: set) -> None:
+    for f in getattr(adj, "called_user_functions", {}) or {}:
+        fadj = getattr(f, "adj", None)
+        if fadj is None or id(fadj) in seen or getattr(f, "custom_grad_func", None) is not None:
+            continue
+        seen.add(id(fadj))
+        _reachable(fadj, seen)
+
+
+_CACHE: dict[Any, tuple[Hazard, ...]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def loop_hazards(kernel: Any) -> tuple[Hazard, ...]:
+    """Variables that dynamic loops change in ``kernel`` or the functions it calls."""
+    key = (kernel.module.name, kernel.key, getattr(kernel.adj, "source", None))
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+    context = wp._src.context
+    module = kernel.module
+    try:
+        options = module.resolve_options(wp.config, block_dim=module.options.get("block_dim"))
+        options = options | {"output_arch": None, "enable_backward": True}
+        with _recording() as found:
+            builder = context.ModuleBuilder(context.Module("warpbridge_adjoint_check", None), options)
+            builder.build_kernel(kernel)
+            for f in builder.deferred_functions:
+                builder.build_function(f)
+            found = list(found)
+    except Exception:
+        found = []  # the kernel does not generate: its launch reports Warp's own error
+    reachable = {id(kernel.adj)}
+    _reachable(kernel.adj, reachable)
+    out: list[Hazard] = []
+    seen = set()
+    for adj, loop, sym, vtype in found:
+        if id(adj) not in reachable:
+            continue
+        is_int = vtype in wp._src.types.int_types or vtype in (wp.bool, int, bool)
+        if is_int and isinstance(loop, ast.While) and not _used_outside(adj.tree, loop, sym):
+            continue  # a while-loop counter: the reverse loop replays it in order
+        if not is_int and _only_summed(adj.tree, sym):
+            continue  # an accumulator read only additively: its adjoint never needs its value
+        line = loop.lineno - 1 + adj.fun_lineno
+        kind = "while" if isinstance(loop, ast.While) else "for"
+        where = f"{adj.filename}:{line}"
+        if (where, sym) in seen:
+            continue
+        seen.add((where, sym))
+        head = adj.source_lines[loop.lineno - 1].strip() if loop.lineno - 1 < len(adj.source_lines) else kind
+        out.append(Hazard(adj.fun_name, where, sym, f"changed inside the dynamic loop `{head}`"))
+    result = tuple(out)
+    with _CACHE_LOCK:
+        _CACHE[key] = result
+    return result
+
+
+def kernel_hazards(kernel: Any, outputs: frozenset[str] | None = None) -> tuple[Hazard, ...]:
+    """Every hazard of ``kernel``: dynamic loops, and overwritten reads of ``outputs`` (of any
+    array parameter when ``outputs`` is None, as for kernels a launch function recorded)."""
+    names = {a.label for a in kernel.adj.args if wp.types.is_array(a.type)}
+    acc = array_accesses(kernel.adj.tree, kernel.func, names)
+    over = {k: v for k, v in acc.overwritten.items() if outputs is None or k in outputs}
+    return loop_hazards(kernel) + output_hazards(kernel.key, kernel.func, over)
+
+
+def output_hazards(kernel_name: str, pyfunc: Any, overwritten: dict[str, int]) -> tuple[Hazard, ...]:
+    filename = inspect.getsourcefile(pyfunc) or "<kernel>"
+    try:
+        first = inspect.getsourcelines(pyfunc)[1]
+    except (OSError, TypeError):
+        first = 1
+    return tuple(
+        Hazard(
+            kernel_name,
+            f"{filename}:{first + line - 1}",
+            name,
+            "an output element read, then overwritten by a non-additive store (the adjoint only sees the final value)",
+        )
+        for name, line in overwritten.items()
+    )
+
+
+def refusal(op_name: str, hazards: tuple[Hazard, ...]) -> str:
+    lines = [
+        f"{op_name}(): cannot differentiate: Warp's generated adjoint would be silently wrong for this op.",
+    ]
+    for h in hazards:
+        lines.append(f"  - kernel '{h.kernel}', {h.where}: variable '{h.variable}' is {h.why}")
+    lines.append(
+        "Fixes: give the op its own backward (@op.backward, see docs/custom-backward.md); let Warp unroll the "
+        "loop (a constant trip count up to the module's max_unroll option, 16 by default); "
+        "or move the loop into a @wp.func with its own @wp.func_grad. If you know Warp's adjoint is right for this "
+        "kernel, pass trust_adjoint=True to wb.op."
+    )
+    return "\n".join(lines)
