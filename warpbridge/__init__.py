@@ -5,6 +5,7 @@ loaded when an argument of their framework arrives.
 """
 
 from . import ops as ops
+from . import testing as testing
 from ._errors import WarpBridgeError as WarpBridgeError
 from ._op import WarpOp as WarpOp
 from ._op import op as op
@@ -23,6 +24,7 @@ __all__ = [
     "op",
     "ops",
     "set_memory_pool",
+    "testing",
 ]
 
 

@@ -161,8 +161,13 @@ def register(op: WarpOp) -> Any:
     return getattr(torch.ops.warpbridge, name)
 
 
-def call(op: WarpOp, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
-    """The torch.compile path: the registered op, with dims flattened into the schema."""
+def schema_args(op: WarpOp, args: tuple, launch_dims: Any, output_dims: Any) -> tuple:
+    """A call's arguments as the registered op's schema takes them (dims flattened)."""
     ld, od = op.dims(launch_dims, output_dims)
     dims = [(od.get(p.name) if isinstance(od, dict) else od) for p in op.sig.outputs]
-    return op.torch_op(*args, list(ld) if ld is not None else None, *[list(d) if d is not None else None for d in dims])
+    return (*args, list(ld) if ld is not None else None, *[list(d) if d is not None else None for d in dims])
+
+
+def call(op: WarpOp, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
+    """The torch.compile path: the registered op, with dims flattened into the schema."""
+    return op.torch_op(*schema_args(op, args, launch_dims, output_dims))

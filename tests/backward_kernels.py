@@ -1,0 +1,106 @@
+"""Forward kernels with hand-written backwards (custom backward tests and examples)."""
+
+import warp as wp
+
+f64 = wp.float64
+
+
+@wp.kernel
+def power(x: wp.array(dtype=f64), n: int, y: wp.array(dtype=f64)):
+    # x**n as a runtime loop: Warp's own adjoint of it is wrong (refused)
+    i = wp.tid()
+    acc = f64(1.0)
+    for _k in range(n):
+        acc = acc * x[i]
+    y[i] = acc
+
+
+@wp.kernel
+def power_adjoint(
+    x: wp.array(dtype=f64), n: int, y: wp.array(dtype=f64), adj_y: wp.array(dtype=f64), adj_x: wp.array(dtype=f64)
+):
+    i = wp.tid()
+    if n > 0:
+        adj_x[i] = f64(n) * wp.pow(x[i], f64(n - 1)) * adj_y[i]
+
+
+@wp.kernel
+def power_adjoint_wrong(
+    x: wp.array(dtype=f64), n: int, y: wp.array(dtype=f64), adj_y: wp.array(dtype=f64), adj_x: wp.array(dtype=f64)
+):
+    i = wp.tid()
+    adj_x[i] = wp.pow(x[i], f64(n - 1)) * adj_y[i]  # forgets the factor n
+
+
+@wp.kernel
+def power_adjoint_from_output(
+    x: wp.array(dtype=f64), n: int, y: wp.array(dtype=f64), adj_y: wp.array(dtype=f64), adj_x: wp.array(dtype=f64)
+):
+    # uses the forward's output: y / x * n (x != 0)
+    i = wp.tid()
+    adj_x[i] = f64(n) * y[i] / x[i] * adj_y[i]
+
+
+@wp.kernel
+def power_adjoint_writes_input(
+    x: wp.array(dtype=f64), n: int, y: wp.array(dtype=f64), adj_y: wp.array(dtype=f64), adj_x: wp.array(dtype=f64)
+):
+    i = wp.tid()
+    adj_y[i] = f64(0.0)
+    adj_x[i] = f64(0.0)
+
+
+@wp.kernel
+def power_adjoint_bad_name(
+    x: wp.array(dtype=f64), n: int, y: wp.array(dtype=f64), grad_y: wp.array(dtype=f64), adj_x: wp.array(dtype=f64)
+):
+    i = wp.tid()
+    adj_x[i] = grad_y[i]
+
+
+@wp.kernel
+def power_adjoint_bad_type(
+    x: wp.array(dtype=f64), n: int, y: wp.array(dtype=f64), adj_y: wp.array(dtype=float), adj_x: wp.array(dtype=f64)
+):
+    i = wp.tid()
+    adj_x[i] = f64(adj_y[i])
+
+
+@wp.kernel(enable_backward=False)
+def power_no_adjoint(x: wp.array(dtype=f64), n: int, y: wp.array(dtype=f64)):
+    i = wp.tid()
+    y[i] = wp.pow(x[i], f64(n))
+
+
+@wp.kernel
+def weighted(
+    x: wp.array(dtype=f64),
+    w: wp.array(dtype=f64),
+    idx: wp.array(dtype=wp.int32),
+    s: f64,
+    y: wp.array(dtype=f64),
+    count: wp.array(dtype=wp.int32),
+):
+    # two array inputs that take gradients, an integer input, a scalar, a float and an int output
+    i = wp.tid()
+    j = idx[i]
+    y[i] = s * x[i] * w[j]
+    count[i] = j
+
+
+@wp.kernel
+def weighted_adjoint(
+    x: wp.array(dtype=f64),
+    w: wp.array(dtype=f64),
+    idx: wp.array(dtype=wp.int32),
+    s: f64,
+    y: wp.array(dtype=f64),
+    count: wp.array(dtype=wp.int32),
+    adj_y: wp.array(dtype=f64),
+    adj_x: wp.array(dtype=f64),
+    adj_w: wp.array(dtype=f64),
+):
+    i = wp.tid()
+    j = idx[i]
+    adj_x[i] = s * w[j] * adj_y[i]
+    wp.atomic_add(adj_w, j, s * x[i] * adj_y[i])

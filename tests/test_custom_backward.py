@@ -1,0 +1,206 @@
+"""Custom backwards (@op.backward / backward=) and warpbridge.testing.check_op."""
+
+import backward_kernels as B
+import pytest
+import torch
+import warp as wp
+
+import warpbridge as wb
+from warpbridge.testing import check_op
+
+f64 = torch.float64
+
+
+def xs(n=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (0.5 + torch.rand(n, generator=g, dtype=f64)).requires_grad_(True)
+
+
+def power_op(backward=B.power_adjoint, **kw):
+    return wb.op(B.power, backward=backward, **kw)
+
+
+def test_without_a_backward_the_gradient_is_refused_and_with_one_it_is_right():
+    with pytest.raises(wb.WarpBridgeError, match="variable 'acc'"):
+        wb.op(B.power)(xs(), 3).sum().backward()
+    op = power_op()
+    x = xs()
+    y = op(x, 3)
+    torch.testing.assert_close(y, x.detach() ** 3)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, 3 * x.detach() ** 2)
+    assert torch.autograd.gradcheck(lambda v: op(v, 3), (xs(),))
+
+
+def test_decorator_spelling_returns_its_argument():
+    op = wb.op(B.power, name="power_decorated")
+    got = op.backward(B.power_adjoint)
+    assert got is B.power_adjoint
+    check_op(op, xs(), 4)
+
+
+@pytest.mark.parametrize("bwd", [B.power_adjoint, B.power_adjoint_from_output])
+def test_check_op_passes_right_backwards(bwd):
+    check_op(power_op(bwd), xs(), 3)
+
+
+def test_check_op_catches_a_wrong_backward_naming_the_input():
+    with pytest.raises(AssertionError, match=r"gradient of input 'x' disagrees with finite differences: max error"):
+        check_op(power_op(B.power_adjoint_wrong), xs(), 3, opcheck=False)
+
+
+def test_check_op_reports_refusals_unchanged():
+    with pytest.raises(wb.WarpBridgeError, match="cannot differentiate"):
+        check_op(wb.op(B.power), xs(), 3)
+
+
+def test_backward_reads_outputs_as_the_forward_left_them_and_keeps_rules():
+    op = power_op(B.power_adjoint_from_output)
+    x = xs()
+    y = op(x, 3)
+    v = torch.randn(6, dtype=f64)
+    v0 = v.clone()
+    x0 = x.detach().clone()
+    for _ in range(3):  # reentrant: a retained graph three times gives three times
+        y.backward(v, retain_graph=True)
+    torch.testing.assert_close(x.grad, 3 * (3 * x0**2 * v0))
+    assert torch.equal(v, v0) and torch.equal(x.detach(), x0)
+    with torch.no_grad():
+        y.mul_(2)  # the saved output changed: PyTorch's version counter catches it (rule 5)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward(v)
+
+
+def test_several_inputs_integer_arrays_scalars_and_outputs():
+    op = wb.op(B.weighted, num_outputs=2, backward=B.weighted_adjoint)
+    g = torch.Generator().manual_seed(4)
+    x = torch.rand(8, generator=g, dtype=f64, requires_grad=True)
+    w = torch.rand(3, generator=g, dtype=f64, requires_grad=True)
+    idx = torch.randint(0, 3, (8,), generator=g, dtype=torch.int32)
+    y, count = op(x, w, idx, 1.5)
+    torch.testing.assert_close(y, 1.5 * x.detach() * w.detach()[idx.long()])
+    assert torch.equal(count, idx) and not count.requires_grad
+    check_op(op, x, w, idx, 1.5)
+    # only one input asks: the other gets no gradient
+    w2 = w.detach().requires_grad_(True)
+    y, _ = op(x.detach(), w2, idx, 1.5)
+    y.sum().backward()
+    expected = torch.zeros(3, dtype=f64).index_add_(0, idx.long(), 1.5 * x.detach())
+    torch.testing.assert_close(w2.grad, expected)
+
+
+def test_generic_launch_path(monkeypatch):
+    from warpbridge import _plan
+
+    monkeypatch.setattr(_plan, "DIRECT_CPU", False)
+    check_op(power_op(name="power_generic"), xs(), 3, opcheck=False)
+
+
+def test_a_kernel_without_adjoint_can_take_a_custom_backward():
+    with pytest.raises(wb.WarpBridgeError, match="enable_backward=False"):
+        wb.op(B.power_no_adjoint)(xs(), 2).sum().backward()
+    op = wb.op(B.power_no_adjoint, backward=B.power_adjoint)
+    check_op(op, xs(), 2)
+
+
+def test_launch_function_backward():
+    def power_fn(x: wp.array(dtype=wp.float64), n: int, y: wp.array(dtype=wp.float64)):
+        wp.launch(B.power, dim=x.shape, inputs=[x, n], outputs=[y])
+
+    def power_fn_adjoint(
+        x: wp.array(dtype=wp.float64),
+        n: int,
+        y: wp.array(dtype=wp.float64),
+        adj_y: wp.array(dtype=wp.float64),
+        adj_x: wp.array(dtype=wp.float64),
+    ):
+        wp.launch(B.power_adjoint, dim=x.shape, inputs=[x, n, y, adj_y], outputs=[adj_x])
+
+    op = wb.op(power_fn)
+    with pytest.raises(wb.WarpBridgeError, match="kernel 'power'"):
+        op(xs(), 3).sum().backward()  # the tape's kernels are checked too
+    check_op(wb.op(power_fn, backward=power_fn_adjoint), xs(), 3)
+
+
+@pytest.mark.parametrize(
+    "bwd, match",
+    [
+        (B.power_adjoint_bad_name, r"parameter 4 is 'grad_y', expected 'adj_y'"),
+        (B.power_adjoint_bad_type, r"'adj_y' is a 1-D float32 array, expected a 1-D float64 array"),
+        (B.power, r"it has 3 parameters, expected 5"),
+        (B.power_adjoint_writes_input, r"writes to its input array\(s\) \['adj_y'\]"),
+        (42, r"must be a wp.Kernel or an annotated launch function, got int"),
+    ],
+)
+def test_bad_backwards_are_refused_when_attached(bwd, match):
+    with pytest.raises(wb.WarpBridgeError, match=match) as e:
+        power_op(bwd)
+    if not isinstance(bwd, int):
+        assert "x: array(ndim=1, dtype=float64), n: int32" in str(e.value) or "Expected parameters" in str(e.value)
+
+
+def test_backward_attached_twice_is_refused():
+    op = power_op()
+    with pytest.raises(wb.WarpBridgeError, match="already has a backward"):
+        op.backward(B.power_adjoint)
+
+
+def test_torch_func_uses_the_custom_backward():
+    op = power_op(name="power_func")
+    x = xs()
+    g = torch.func.grad(lambda v: op(v, 3).sum())(x.detach())
+    torch.testing.assert_close(g, 3 * x.detach() ** 2)
+    batch = torch.stack([xs(seed=1), xs(seed=2)]).detach()
+    per_sample = torch.func.vmap(torch.func.grad(lambda v: op(v, 2).sum()))(batch)
+    torch.testing.assert_close(per_sample, 2 * batch)
+
+
+@pytest.mark.compile
+def test_torch_compile_fullgraph_uses_the_custom_backward():
+    op = power_op(name="power_compiled")
+    f = torch.compile(lambda v: op(v, 3).sin().sum(), backend="aot_eager", fullgraph=True)
+    x = xs()
+    f(x).backward()
+    ref = xs()
+    torch.sin(ref**3).sum().backward()
+    torch.testing.assert_close(x.grad, ref.grad)
+
+
+def test_gradbuffer_receives_custom_backward_gradients():
+    op = power_op(name="power_gb")
+    p = torch.nn.Parameter(xs().detach())
+    gb = wb.GradBuffer([p])
+    for _ in range(2):
+        op(p, 2).sum().backward()
+    torch.testing.assert_close(p.grad, 2 * 2 * p.detach())
+    assert p.grad.data_ptr() >= gb.buffer.data_ptr()
+    gb.close()
+
+
+def test_jax_grad_uses_the_custom_backward_and_refuses_without():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    jax.config.update("jax_enable_x64", True)
+    try:
+        x = jnp.linspace(0.5, 1.5, 6, dtype=jnp.float64)
+        op = power_op(name="power_jax")
+        g = jax.grad(lambda v: op(v, 3).sum())(x)
+        assert jnp.allclose(g, 3 * x**2)
+        g = jax.jit(jax.grad(lambda v: jnp.sin(op(v, 2)).sum()))(x)
+        assert jnp.allclose(g, jnp.cos(x**2) * 2 * x)
+        with pytest.raises(wb.WarpBridgeError, match="variable 'acc'"):
+            jax.grad(lambda v: wb.op(B.power)(v, 3).sum())(x)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+def test_paddle_backward_uses_the_custom_backward_and_refuses_without():
+    paddle = pytest.importorskip("paddle")
+    x = paddle.to_tensor([0.5, 1.0, 1.5], dtype="float64", stop_gradient=False)
+    op = power_op(name="power_paddle")
+    op(x, 3).sum().backward()
+    assert paddle.allclose(x.grad, 3 * x.detach() ** 2).item()
+    x2 = paddle.to_tensor([0.5, 1.0, 1.5], dtype="float64", stop_gradient=False)
+    # Paddle re-raises errors from a PyLayer's backward as OSError, with our message inside
+    with pytest.raises((wb.WarpBridgeError, OSError), match=r"WarpBridgeError: power\(\): cannot differentiate"):
+        wb.op(B.power)(x2, 3).sum().backward()
