@@ -180,6 +180,7 @@ def test_gradbuffer_receives_custom_backward_gradients():
 def test_jax_grad_uses_the_custom_backward_and_refuses_without():
     jax = pytest.importorskip("jax")
     jnp = jax.numpy
+    before = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)
     try:
         x = jnp.linspace(0.5, 1.5, 6, dtype=jnp.float64)
@@ -191,7 +192,7 @@ def test_jax_grad_uses_the_custom_backward_and_refuses_without():
         with pytest.raises(wb.WarpBridgeError, match="variable 'acc'"):
             jax.grad(lambda v: wb.op(B.power)(v, 3).sum())(x)
     finally:
-        jax.config.update("jax_enable_x64", False)
+        jax.config.update("jax_enable_x64", before)
 
 
 def test_paddle_backward_uses_the_custom_backward_and_refuses_without():
