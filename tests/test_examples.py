@@ -101,3 +101,11 @@ def test_torch_func_example_matches_loops(capsys):
         assert result["per_sample"][method]["max_error"] < 1e-12
     assert result["clouds"]["value_error"] < 1e-12 and result["clouds"]["grad_error"] < 1e-12
     assert "vmap_method='broadcast_all'" in capsys.readouterr().out
+
+
+def test_custom_backward_example_refuses_checks_and_trains(capsys):
+    result = load("custom_backward").main(steps=40)
+    assert "cannot differentiate" in result["refusal"] and "variable 'total'" in result["refusal"]
+    assert result["value_err"] < 1e-10 and result["grad_err"] < 1e-8
+    assert result["losses"][-1] < 0.05 * result["losses"][0]
+    assert "check_op: ok" in capsys.readouterr().out
