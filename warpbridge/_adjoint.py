@@ -148,8 +148,10 @@ def array_accesses(tree: ast.AST, pyfunc: Any, names: set[str], depth: int = 0) 
 
     Stores ``a[i] = v``, ``a[i][j] = v``, augmented assignments and atomics are writes; a load
     ``a[i]`` is a read (its adjoint adds into ``adj_a``); ``a[i] *= v`` and ``atomic_min/max``
-    are both. An array passed to a ``@wp.func`` is followed into that function. Anything else
-    (aliasing it, a native or unresolvable function) is *unknown*. Metadata (``a.shape``) is
+    are both. An array passed to a ``@wp.func`` is followed into that function for its reads
+    and writes, and is also *unknown*: the function's adjoint replays its forward, stores
+    included, so it needs the real array. Anything else (aliasing it, a native or unresolvable
+    function) is *unknown* too. Metadata (``a.shape``) is
     none of these.
     """
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
@@ -219,6 +221,9 @@ def array_accesses(tree: ast.AST, pyfunc: Any, names: set[str], depth: int = 0) 
                         overwritten[node.id] = parent.lineno
                     if label in sub_acc.restored:
                         restored_via.add(node.id)
+                    # The function's adjoint replays its forward, stores included, and a
+                    # hand-written adjoint or replay may read it: it needs the real array.
+                    unknown.add(node.id)
                     continue
         unknown.add(node.id)
 

@@ -173,13 +173,19 @@ def _element_info(op: str, label: str, dtype: Any) -> tuple[str, tuple[int, ...]
     dtype = _PYTHON_SCALARS.get(dtype, dtype)
     if dtype in _SCALAR_NAMES:
         return _SCALAR_NAMES[dtype], ()
-    if wp.types.type_is_vector(dtype) or wp.types.type_is_matrix(dtype):
+    t = wp.types
+    if (
+        t.type_is_vector(dtype)
+        or t.type_is_matrix(dtype)
+        or t.type_is_quaternion(dtype)
+        or t.type_is_transformation(dtype)
+    ):
         scalar = dtype._wp_scalar_type_
         if scalar in _SCALAR_NAMES:
             return _SCALAR_NAMES[scalar], tuple(int(s) for s in dtype._shape_)
     raise WarpBridgeError(
         f"{op}(): parameter '{label}' has Warp type {wp.types.type_repr(dtype)}, which warpbridge does not support "
-        f"(supported: scalars, vectors and matrices of float16/32/64, (u)int8/16/32/64 and bool)"
+        f"(supported: scalars, vectors, matrices, quaternions and transforms of float16/32/64, (u)int8/16/32/64 and bool)"
     )
 
 
