@@ -223,3 +223,11 @@ def neighbour_sum(
         if d <= radius:
             acc += wp.exp(-d) * feat[j]
     out[i] = acc
+
+
+@wp.kernel
+def pow_runtime_range_adjoint(
+    x: wp.array(dtype=f64), n: int, y: wp.array(dtype=f64), adj_y: wp.array(dtype=f64), adj_x: wp.array(dtype=f64)
+):
+    i = wp.tid()
+    adj_x[i] = f64(n) * wp.pow(x[i], f64(n - 1)) * adj_y[i]

@@ -223,3 +223,31 @@ def test_hash_grid_neighbour_sum_is_right():
     expected = (torch.where(d <= 0.45, torch.exp(-d), torch.zeros_like(d)) * f).sum(1)
     torch.testing.assert_close(op(q, r, f, 0.45), expected)
     assert torch.autograd.gradcheck(lambda q, r, f: op(q, r, f, 0.45), (q, r, f))
+
+
+def test_second_order_is_refused_not_silently_cut():
+    import kernels as K
+
+    op = wb.op(K.mul64)
+    x, y = x64(), x64(seed=1)
+    (g,) = torch.autograd.grad(op(x, y).sum(), x)  # first order: fine
+    torch.testing.assert_close(g, torch.cos(x.detach()) * y.detach())
+    with pytest.raises(wb.WarpBridgeError, match=r"mul64\(\): second-order gradients are not supported"):
+        torch.autograd.grad(op(x, y).sum(), x, create_graph=True)
+    with pytest.raises(wb.WarpBridgeError, match="second-order"):
+        op(x, y).sum().backward(create_graph=True)
+    with pytest.raises(wb.WarpBridgeError, match="second-order"):  # the registered op (torch.compile's path)
+        torch.autograd.grad(op.torch_op(x, y).sum(), x, create_graph=True)
+    custom = wb.op(A.pow_runtime_range, backward=A.pow_runtime_range_adjoint)
+    with pytest.raises(wb.WarpBridgeError, match="second-order"):
+        torch.autograd.grad(custom(x, 3).sum(), x, create_graph=True)
+    q = torch.rand(20, 3, dtype=f64, requires_grad=True)
+    r = torch.rand(30, 3, dtype=f64)
+    f = torch.rand(30, 2, dtype=f64)
+    for out in (
+        wb.ops.radius_aggregate(q, r, f, 0.5, 0.2),
+        wb.ops.knn(q, r, 3)[0],
+        wb.ops.knn_aggregate(q, r, f, 3, 0.2),
+    ):
+        with pytest.raises(wb.WarpBridgeError, match="second-order"):
+            torch.autograd.grad(out.sum(), q, create_graph=True)

@@ -86,8 +86,13 @@ class _Apply(torch.autograd.Function):
         return tuple(outs)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        _core.refuse_second_order(ctx.call.op.name)
+        return _Apply._backward(ctx, *grads)
+
+    @staticmethod
+    @once_differentiable
+    def _backward(ctx: Any, *grads: torch.Tensor) -> tuple:
         saved = ctx.saved_tensors
         needs = ctx.needs_input_grad[2:]
         tensors, outputs = saved[: len(needs)], saved[len(needs) :] or None

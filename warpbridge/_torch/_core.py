@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import torch
 import warp as wp
 
-from .. import _op, _plan
+from .. import _errors, _op, _plan
 from .._op import WarpOp
 from . import _pool
 
@@ -187,6 +187,18 @@ def backward(
     with _pool.scope(call.device, call.plan.device) if call.plan.sig.kind == "function" else _NO_SCOPE:
         return _plan.backward(
             call.op, call.plan, call.scalars, tensors, grads, needs, _Torch, call.device, stream, targets, outputs
+        )
+
+
+def refuse_second_order(name: str) -> None:
+    """Raise if the engine runs this backward under ``create_graph=True``: Warp's adjoint is not
+    differentiable again, and a gradient silently cut from the graph would be wrong."""
+    if torch.is_grad_enabled():
+        raise _errors.fail(
+            name,
+            "second-order gradients are not supported: backward(create_graph=True) / autograd.grad(..., "
+            "create_graph=True) would need the gradient of Warp's adjoint, which warpbridge cannot provide. "
+            "Differentiate once (without create_graph), or take finite differences of the gradient",
         )
 
 

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .._plan import ensure_init
 from .._torch import _func
+from .._torch._core import refuse_second_order as _refuse_second_order
 from .._torch._core import warp_device, warp_stream
 from . import _core, _run
 
@@ -141,6 +142,7 @@ def _aux_outputs(ctx, aux):
 
 
 def _radius_backward(ctx, grad, *unused):
+    _refuse_second_order("radius_aggregate")
     if grad is None:
         return None, None, None, None, None
     query, ref, features, out, stats, *grid = ctx.saved_tensors
@@ -185,6 +187,7 @@ def _knn_setup(ctx, inputs, output):
 
 
 def _knn_backward(ctx, grad_dist, grad_idx):
+    _refuse_second_order("knn")
     if grad_dist is None:
         return None, None, None
     query, ref, idx = ctx.saved_tensors
@@ -250,6 +253,7 @@ def _knn_aggregate_setup(ctx, inputs, output):
 
 
 def _knn_aggregate_backward(ctx, grad, *unused):
+    _refuse_second_order("knn_aggregate")
     if grad is None:
         return None, None, None, None, None
     query, ref, features, dist, idx, out = ctx.saved_tensors
