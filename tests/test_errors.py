@@ -179,3 +179,22 @@ def test_kernel_parameter_types_warpbridge_cannot_handle():
 
     with pytest.raises(wb.WarpBridgeError, match=r"with_struct\(\): parameter 's' has Warp type"):
         wb.op(with_struct)
+
+
+def test_arrays_shorter_than_the_launch_are_refused_before_any_launch():
+    add = wb.op(K.mul64)
+    with pytest.raises(wb.WarpBridgeError, match=r"argument 'y' has shape \(2,\).*dimension 0.*launch dims are \(5,\)"):
+        add(torch.ones(5, dtype=torch.float64), torch.ones(2, dtype=torch.float64))
+    sq = wb.op(K.square)
+    with pytest.raises(wb.WarpBridgeError, match=r"argument 'x' has shape \(3,\).*launch dims are \(8,\)"):
+        sq(torch.ones(3), launch_dims=(8,))
+    with pytest.raises(wb.WarpBridgeError, match=r"output 'y' has shape \(2,\).*launch dims are \(3,\)"):
+        sq(torch.ones(3), output_dims=(2,))
+    # longer arrays, or a launch that fits, are fine
+    torch.testing.assert_close(
+        add(torch.zeros(3, dtype=torch.float64), torch.ones(4, dtype=torch.float64)),
+        torch.zeros(3, dtype=torch.float64),
+    )
+    torch.testing.assert_close(
+        sq(torch.full((6,), 2.0), launch_dims=(4,), output_dims=(6,)), torch.tensor([4.0] * 4 + [0.0] * 2)
+    )

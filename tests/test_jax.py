@@ -173,3 +173,9 @@ def test_shard_map_across_two_host_devices():
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "shard_map ok" in p.stdout
+
+
+def test_arrays_shorter_than_the_launch_are_refused():
+    op = wb.op(K.mul64)
+    with pytest.raises(wb.WarpBridgeError, match=r"argument 'y' has shape \(2,\)"):
+        op(jnp.ones(5, jnp.float64), jnp.ones(2, jnp.float64))

@@ -445,3 +445,52 @@ def refusal(op_name: str, hazards: tuple[Hazard, ...]) -> str:
         "kernel, pass trust_adjoint=True to wb.op."
     )
     return "\n".join(lines)
+
+
+# -- arrays indexed by the thread index -------------------------------------------------------
+
+
+def tid_indexed(tree: ast.AST, names: set[str]) -> dict[str, list[tuple[int, int, int]]]:
+    """For each of ``names`` that the kernel subscripts directly with a thread index
+    (``i = wp.tid()`` ... ``a[i]``, ``a[i, j]``, ``a[i][j]``): (array dim, launch dim, line) triples.
+
+    Such an access reads or writes past the array's end whenever the array is shorter than
+    the launch in that dimension. Arrays whose ``.shape`` the kernel reads are left out: the
+    kernel may guard its accesses itself.
+    """
+    tids: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call)):
+            continue
+        func = node.value.func
+        if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")) != "tid":
+            continue
+        target = node.targets[0]
+        if isinstance(target, ast.Name):
+            tids[target.id] = 0
+        elif isinstance(target, ast.Tuple):
+            for d, elt in enumerate(target.elts):
+                if isinstance(elt, ast.Name):
+                    tids[elt.id] = d
+    stores = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+    reassigned = {t for t in tids if stores.count(t) > 1}
+    guarded = {
+        n.value.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and n.attr == "shape" and isinstance(n.value, ast.Name)
+    }
+    found: dict[str, list[tuple[int, int, int]]] = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)):
+            continue
+        name = node.value.id
+        if name not in names or name in guarded:
+            continue
+        sl = node.slice
+        idx = list(sl.elts) if isinstance(sl, ast.Tuple) else [sl]
+        for pos, e in enumerate(idx):
+            if isinstance(e, ast.Name) and e.id in tids and e.id not in reassigned:
+                entry = (pos, tids[e.id], node.lineno)
+                if entry[:2] not in {x[:2] for x in found.get(name, [])}:
+                    found.setdefault(name, []).append(entry)
+    return found

@@ -58,6 +58,7 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
         avals.append((shape, dtype.name))
     ld, od = op.dims(launch_dims, output_dims)
     launch, out_shapes = _plan.resolve_dims(op.name, sig, layouts[0] if layouts else None, ld, od)
+    _plan.check_bounds(op.name, sig, [(s, ()) for s in layouts], launch, out_shapes)
     # vmap_method="broadcast_all" folds a jax.vmap batch into the launch (Warp's FFI merges
     # the batch dims into the first dimension), which needs dims that follow the first
     # array; with explicit dims, or any other method, jax.vmap runs sequentially.

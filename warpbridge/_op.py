@@ -187,6 +187,7 @@ class WarpOp:
         key = (device.alias, layouts, launch, out_shapes)  # wp.Device is not hashable
         plan = self._plans.get(key)
         if plan is None:
+            _plan.check_bounds(self.name, self.sig, layouts, launch, out_shapes)
             plan = _plan.Plan(self.sig, device, layouts, launch, out_shapes)
             if len(self._plans) >= MAX_CACHED:
                 self._plans.clear()

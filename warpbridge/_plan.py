@@ -154,6 +154,29 @@ def resolve_dims(
     return tuple(launch), tuple(out_shapes)
 
 
+def check_bounds(op: str, sig: Signature, layouts: Sequence[tuple], launch: tuple, out_shapes: Sequence[tuple]) -> None:
+    """Refuse a launch in which the kernel would index an array past its end with a thread
+    index (``i = wp.tid()`` ... ``x[i]``): the array must cover the launch dims there."""
+    if not sig.tid_indexed:
+        return
+    shapes = {p.name: shape for p, (shape, _) in zip(sig.array_inputs, layouts)}
+    shapes.update((p.name, s) for p, s in zip(sig.outputs, out_shapes))
+    for name, uses in sig.tid_indexed.items():
+        shape = shapes.get(name)
+        if shape is None:
+            continue
+        for pos, dim, line in uses:
+            if pos < len(shape) and dim < len(launch) and shape[pos] < launch[dim]:
+                what = "output" if name in {p.name for p in sig.outputs} else "argument"
+                raise fail(
+                    op,
+                    f"{what} '{name}' has shape {tuple(shape)}, but kernel '{sig.kernel.key}' indexes its dimension "
+                    f"{pos} with the thread index of launch dimension {dim} (line {sig._first_line + line - 1}), and "
+                    f"the launch dims are {tuple(launch)}: it would be accessed past its end. Pass arrays that cover "
+                    "the launch dims, or launch_dims/output_dims that fit them",
+                )
+
+
 def contiguous_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     strides, acc = [], itemsize
     for s in reversed(shape):

@@ -127,11 +127,15 @@ class Signature:
                 p.name for p in self.outputs if p.name in acc.restored
             )
             self._overwritten = {k: v for k, v in acc.overwritten.items() if k in {p.name for p in self.outputs}}
+            # (array dim, launch dim, line) per array the kernel indexes with a thread index
+            self.tid_indexed = _adjoint.tid_indexed(fn.adj.tree, {p.name for p in self.array_inputs + self.outputs})
+            self._first_line = fn.adj.fun_lineno
         else:
             self.backward_enabled = True
             self.reads_outputs = frozenset(p.name for p in self.outputs)
             self.tracked_outputs = self.reads_outputs
             self._overwritten = {}
+            self.tid_indexed = {}
         self._hazards: tuple | None = None
 
     def hazards(self) -> tuple:
