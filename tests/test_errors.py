@@ -11,9 +11,10 @@ import warpbridge as wb
 
 
 def raises(op, match, *args, **kwargs):
+    plans = dict(op._plans)
     with pytest.raises(wb.WarpBridgeError, match=match):
         op(*args, **kwargs)
-    assert not op._plans, "the error must come before anything is launched"
+    assert op._plans == plans, "the error must come before anything is launched (no new plan)"
 
 
 def test_error_class_is_both_type_and_value_error():

@@ -2,6 +2,8 @@
 gradients, and the point ops over a batch of clouds. References: loops over the batch and
 plain autograd, which test_op and test_points check against float64 formulas."""
 
+import itertools
+
 import kernels as K
 import pytest
 import torch
@@ -25,6 +27,9 @@ def mul_op(method):
     return wb.op(K.mul64, name=f"func_mul_{method}", vmap_method=method)
 
 
+_made = itertools.count()
+
+
 def counted_function(method):
     """A two-kernel launch function that records the shapes it was called with."""
     calls = []
@@ -33,7 +38,8 @@ def counted_function(method):
         calls.append(tuple(x.shape))
         K.exp_times(x, k, z)
 
-    return wb.op(exp_times, name=f"func_exp_times_{method}", vmap_method=method), calls
+    # each call makes a new function: give each its own registered name
+    return wb.op(exp_times, name=f"func_exp_times_{method}_{next(_made)}", vmap_method=method), calls
 
 
 # -- vmap -----------------------------------------------------------------------------------

@@ -3,7 +3,10 @@ finds the caller's framework from the arguments' types and hands over to that ad
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import inspect
+import pickle
 import re
 import sys
 import threading
@@ -58,6 +61,7 @@ class WarpOp:
         backward: Any = None,
         trust_adjoint: bool = False,
     ):
+        explicit = name is not None
         name = _default_name(fn) if name is None else name
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise WarpBridgeError(f"op(): name must be a Python identifier, got {name!r}")
@@ -82,8 +86,22 @@ class WarpOp:
         self._lock = threading.Lock()
         self.__doc__ = getattr(fn, "__doc__", None) or f"warpbridge op wrapping {name}."
         self.__wrapped__ = fn
+        self._options = dict(
+            num_outputs=num_outputs,
+            launch_dims=self.launch_dims,
+            output_dims=self.output_dims,
+            name=name if explicit else None,
+            vmap_method=vmap_method,
+            trust_adjoint=trust_adjoint,
+        )
         if backward is not None:
             self.backward(backward)
+        # The registered torch op's name: the given name, or the wrapped callable's module and
+        # qualified name with a hash of its source and options, so that it never depends on
+        # import order and an exported program cannot find a different kernel under it.
+        self.registration_name = (
+            name if explicit else _registration_name(fn, {**self._options, "backward": _source_of(backward)})
+        )
         if "torch" in sys.modules:
             # Register now so that the first call inside torch.compile finds the op ready:
             # registration itself cannot be traced.
@@ -122,6 +140,10 @@ class WarpOp:
                 f"already has a backward ({self.custom_backward.name}); an op takes one. Make a new op with "
                 "wb.op(kernel, backward=...) to use another",
             )
+        if self._torch_op is not None and "torch" in sys.modules:
+            from ._torch import _library
+
+            _library.check_owner(self)
         self.custom_backward = _backward.CustomBackward(self, fn)
         self.__dict__.pop("_jax_fns", None)  # JAX functions built before now captured the old backward
         return fn
@@ -147,6 +169,15 @@ class WarpOp:
     def __call__(self, *args: Any, launch_dims: Any = None, output_dims: Any = None) -> Any:
         """Run the op on framework arrays; see :func:`warpbridge.op`."""
         return _adapter(self, args).call(self, args, launch_dims, output_dims)
+
+    def __reduce__(self) -> tuple:
+        # Pickled by reference: the wrapped callable's module and qualified name, and the
+        # options (torch.save(model), spawn/forkserver DataLoader workers).
+        fn, bwd = self.fn, self.custom_backward.fn if self.custom_backward is not None else None
+        return (
+            _unpickle,
+            (_reference(self.name, fn), _reference(self.name, bwd) if bwd is not None else None, self._options),
+        )
 
     def __deepcopy__(self, memo: dict) -> WarpOp:
         # An op is a stateless function of its inputs (its caches only memoise): copies of a
@@ -193,6 +224,59 @@ class WarpOp:
                 self._plans.clear()
             self._plans[key] = plan
         return plan
+
+
+def _reference(op_name: str, fn: Any) -> tuple[str, str]:
+    target = fn.func if isinstance(fn, wp.Kernel) else fn
+    module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", "")
+    if not module or "<locals>" in qualname or "<lambda>" in qualname:
+        raise pickle.PicklingError(
+            f"{op_name}(): cannot pickle an op whose kernel or function is not importable by name "
+            f"({module}.{qualname}): define it at module level"
+        )
+    return module, qualname
+
+
+def _resolve(ref: tuple[str, str]) -> Any:
+    module, qualname = ref
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj.fn if isinstance(obj, WarpOp) else obj
+
+
+def _unpickle(fn_ref: tuple, bwd_ref: tuple | None, options: dict) -> WarpOp:
+    module, qualname = fn_ref
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if isinstance(obj, WarpOp) and obj._options == options:
+        result = obj  # the module's own `@wb.op` object
+    else:
+        result = op(_resolve(fn_ref), **options)
+    if bwd_ref is not None and result.custom_backward is None:
+        result.backward(_resolve(bwd_ref))
+    return result
+
+
+def _registration_name(fn: Any, options: dict) -> str:
+    target = fn.func if isinstance(fn, wp.Kernel) else fn
+    module = getattr(target, "__module__", None) or "main"
+    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", "op")
+    digest = hashlib.sha256((_source_of(fn) + repr(sorted(options.items()))).encode()).hexdigest()[:10]
+    base = re.sub(r"\W+", "_", f"{module}__{qualname.replace('<locals>', 'locals')}").strip("_")
+    return f"{base}__{digest}"
+
+
+def _source_of(fn: Any) -> str:
+    if fn is None:
+        return ""
+    if isinstance(fn, wp.Kernel):
+        return fn.adj.source
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return repr(fn)
 
 
 def _default_name(fn: Any) -> str:
@@ -271,7 +355,11 @@ def op(
             input. Overridable per call.
         output_dims: output Warp shape(s): one tuple for all outputs or a dict keyed by output
             name; default: the launch dims. Overridable per call.
-        name: the op's name (``torch.ops.warpbridge.<name>``); default: the kernel's key.
+        name: the op's name in messages and, when given, its registered name
+            (``torch.ops.warpbridge.<name>``); default: the kernel's key, registered as its
+            module and qualified name plus a hash of its source and options
+            (``op.registration_name``). ``wb.op`` returns the same op for the same callable
+            and options.
         vmap_method: how ``torch.vmap`` batches the op. ``"sequential"`` (default, always
             correct) launches once per batch element. ``"broadcast_all"`` folds the batch
             into the first launch dimension (one launch; unbatched arrays are expanded to the
@@ -313,5 +401,32 @@ def op(
         trust_adjoint=trust_adjoint,
     )
     if fn is None:
-        return lambda f: WarpOp(f, **kw)
-    return WarpOp(fn, **kw)
+        return lambda f: _cached(f, kw)
+    return _cached(fn, kw)
+
+
+_REGISTRY: dict[Any, WarpOp] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def _cached(fn: Any, kw: dict) -> WarpOp:
+    """``wb.op`` on the same callable with the same options returns the same op, so that an op
+    made inside ``forward`` is not registered again on every call."""
+    try:
+        key = (fn, tuple((k, _freeze(v)) for k, v in kw.items()))
+        hash(key)
+    except TypeError:
+        return WarpOp(fn, **kw)
+    with _REGISTRY_LOCK:
+        found = _REGISTRY.get(key)
+        if found is None:
+            found = _REGISTRY[key] = WarpOp(fn, **kw)
+        return found
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    return v

@@ -16,22 +16,33 @@ from typing import Any
 import torch
 
 from .. import _plan
+from .._errors import fail
 from .._op import WarpOp
 from . import _core
 
 _LIB = torch.library.Library("warpbridge", "FRAGMENT")  # keep alive: it owns the registrations
-_NAMES: set[str] = set()
-_LOCK = threading.Lock()
+_REGISTERED: dict[str, tuple[Any, Any]] = {}  # name -> (the op it was registered for, the torch op)
+_LOCK = threading.RLock()
 
 
-def _unique(name: str) -> str:
-    with _LOCK:
-        candidate, n = name, 1
-        while candidate in _NAMES or hasattr(torch.ops.warpbridge, candidate):
-            n += 1
-            candidate = f"{name}_{n}"
-        _NAMES.add(candidate)
-        return candidate
+def _same(a: WarpOp, b: WarpOp) -> bool:
+    same_backward = (a.custom_backward is None and b.custom_backward is None) or (
+        a.custom_backward is not None and b.custom_backward is not None and a.custom_backward.fn is b.custom_backward.fn
+    )
+    return a is b or (a.fn is b.fn and a._options == b._options and same_backward)
+
+
+def check_owner(op: WarpOp) -> None:
+    """Before a backward is attached: the op must own its registration (not share another
+    op object's), or torch.compile would run the other object's backward."""
+    found = _REGISTERED.get(op.registration_name)
+    if found is not None and found[0] is not op:
+        raise fail(
+            op.name,
+            f"this op shares its registration torch.ops.warpbridge.{op.registration_name} with another op object "
+            "made from the same kernel; attach the backward when the op is made (wb.op(kernel, backward=...)) or "
+            "give this op its own name (wb.op(kernel, name=...))",
+        )
 
 
 def _scalar_schema(p: Any) -> str:
@@ -113,7 +124,25 @@ class _Registered:
 
 
 def register(op: WarpOp) -> Any:
-    name = _unique(op.name)
+    with _LOCK:
+        name = op.registration_name
+        found = _REGISTERED.get(name)
+        if found is not None:
+            if _same(found[0], op):
+                return found[1]  # the same kernel with the same options: one registration
+            raise fail(
+                op.name,
+                f"the name torch.ops.warpbridge.{name} is already registered for another kernel or function "
+                f"({found[0].fn}); give this op another name (wb.op(..., name=...))",
+            )
+        if hasattr(torch.ops.warpbridge, name):
+            raise fail(op.name, f"torch.ops.warpbridge.{name} is already defined elsewhere; give this op another name")
+        result = _register(op, name)
+        _REGISTERED[name] = (op, result)
+        return result
+
+
+def _register(op: WarpOp, name: str) -> Any:
     sig = op.sig
     reg = _Registered(op)
     params = [f"Tensor {p.name}" if p.is_array else f"{_scalar_schema(p)} {p.name}" for p in sig.inputs]
