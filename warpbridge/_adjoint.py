@@ -372,7 +372,9 @@ def loop_hazards(kernel: Any) -> tuple[Hazard, ...]:
     try:
         options = module.resolve_options(wp.config, block_dim=module.options.get("block_dim"))
         options = options | {"output_arch": None, "enable_backward": True}
-        with _recording() as found:
+        from ._plan import LOAD_LOCK
+
+        with LOAD_LOCK, _recording() as found:
             builder = context.ModuleBuilder(context.Module("warpbridge_adjoint_check", None), options)
             builder.build_kernel(kernel)
             for f in builder.deferred_functions:

@@ -9,6 +9,7 @@ and on shapes, never on data pointers: memory is reused for other shapes and dty
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import sys
@@ -31,6 +32,10 @@ _ITEMSIZE = {
     "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
 }  # fmt: skip
 _INIT_LOCK = threading.Lock()
+# Held while warpbridge builds or loads a Warp module (a plan's first launch, a launch
+# function's first run, the point kernels' first use): Warp's module build and load are not
+# safe to enter from several threads at once. Warm calls never take it.
+LOAD_LOCK = threading.RLock()
 
 # Call compiled CPU kernels directly (the fast path). Tests turn this off to run the generic
 # wp.launch path, the one CUDA takes, on machines without a GPU.
@@ -277,6 +282,7 @@ class Plan:
             for p, (shape, _) in zip(sig.array_inputs, in_layouts)
         )
         self.in_layouts = in_layouts
+        self.warm = [False, False]  # functions: the forward / backward has run once (modules loaded)
         if sig.kind != "kernel" or self.size == 0:
             return  # functions launch their own kernels; empty launches launch nothing
         kernel = sig.kernel
@@ -285,7 +291,8 @@ class Plan:
         templates = [_descriptor(0, *layouts[p.name]) if p.is_array else _zero_scalar(p) for p in sig.params]
         # Recording resolves launch bounds, validates the dims and loads (compiles) the module.
         try:
-            rec = wp.launch(kernel, dim=launch, inputs=templates, device=device, record_cmd=True)
+            with LOAD_LOCK:
+                rec = wp.launch(kernel, dim=launch, inputs=templates, device=device, record_cmd=True)
         except (ValueError, RuntimeError, TypeError) as e:
             raise fail(sig.name, f"Warp rejected the launch (dims {launch}): {e}") from e
         self.bounds = rec.params[0]
@@ -433,7 +440,7 @@ def run_function(
     """Call a launch function on foreign buffers: ``ins``/``outs`` are data pointers."""
     sig, dev = plan.sig, plan.device
     args = _function_args(plan, ins, scalars, outs, None, None)
-    with _scoped(dev, stream):
+    with _scoped(dev, stream), first_run(plan, 0):
         sig.func(*args)
 
 
@@ -455,13 +462,25 @@ def run_function_adjoint(
     """
     args = _function_args(plan, ins, scalars, outs, in_grads, out_grads)
     tape = wp.Tape()
-    with _scoped(plan.device, stream):
+    with _scoped(plan.device, stream), first_run(plan, 1):
         with tape:
             kept = call_keeping_locals(plan.sig.func, args)
         check_recorded(op, tape)
         tape.backward()
     del kept
     # No tape.reset(): it zeroes every gradient it tracked, the ones just computed included.
+
+
+@contextlib.contextmanager
+def first_run(plan: Any, which: int):
+    """Hold the load lock while a launch function runs for the first time: its kernels'
+    modules are built and loaded then."""
+    if plan.warm[which]:
+        yield
+        return
+    with LOAD_LOCK:
+        yield
+        plan.warm[which] = True
 
 
 def call_keeping_locals(func: Any, args: Sequence[Any]) -> list:

@@ -14,6 +14,7 @@ from typing import Any
 
 import warp as wp
 
+from .. import _plan
 from . import _kernels
 from ._kernels import GRID_SLACK
 
@@ -139,5 +140,20 @@ def build_grid(
             wp.launch(k.grid_fill, dim=n, inputs=[points, cell_of, cursor, order, sorted_points], device=device)
 
 
-def kernels_for(dtype_name: str) -> Any:
-    return _kernels.kernels(wp.float32 if dtype_name == "float32" else wp.float64)
+_LOADED: set = set()
+
+
+def kernels_for(dtype_name: str, device: Any) -> Any:
+    """The point kernels for a dtype, their module built and loaded on ``device``.
+
+    The first call per (dtype, device) holds warpbridge's load lock: Warp's module build and
+    load are not safe to enter from several threads at once (a cold start from a thread pool
+    crashed), and the queries themselves launch from several threads."""
+    key = (dtype_name, device.alias)
+    if key in _LOADED:
+        return _kernels.kernels(wp.float32 if dtype_name == "float32" else wp.float64)
+    with _plan.LOAD_LOCK:
+        k = _kernels.kernels(wp.float32 if dtype_name == "float32" else wp.float64)
+        k.grid_init.module.load(device)
+        _LOADED.add(key)
+    return k

@@ -33,7 +33,7 @@ class _Fw:
 
     def __init__(self, device: Any, dtype: str):
         self.device, self.dtype = device, dtype
-        self.kernels = _core.kernels_for(dtype)
+        self.kernels = _core.kernels_for(dtype, device)
         self.stream = None if device.is_cpu else device.stream
 
     def empty(self, shape, dtype):

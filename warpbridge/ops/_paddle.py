@@ -27,8 +27,8 @@ class _Fw:
         ensure_init()
         self.place = _Paddle.meta(like)[4]
         self.dtype = DTYPE_NAMES[like.dtype]
-        self.kernels = _core.kernels_for(self.dtype)
         self.device = _Paddle.warp_device(self.place)
+        self.kernels = _core.kernels_for(self.dtype, self.device)
         self.stream = None if self.place == "cpu" else wp.stream_from_paddle(self.place)
 
     def empty(self, shape: tuple, dtype: str) -> paddle.Tensor:

@@ -38,8 +38,8 @@ class _Fw:
         ensure_init()
         self.torch_device = like.device
         self.dtype = _NAME[like.dtype]
-        self.kernels = _core.kernels_for(self.dtype)
         self.device = warp_device(like.device)
+        self.kernels = _core.kernels_for(self.dtype, self.device)
         self.stream = warp_stream(like.device)
 
     def empty(self, shape: tuple, dtype: str) -> Tensor:
