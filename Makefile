@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m warpbridge bench
+
+# On a machine with a CUDA GPU: the gpu-marked tests, then the GPU benchmarks at the tutorial's
+# sizes; each writes its JSON (with the device name) to benchmarks/results/.
+gpu-check: $(STAMP)
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device')"
+	$(PY) -m pytest -q -m gpu tests
+	$(PY) benchmarks/neighbors.py --device cuda
+	$(PY) benchmarks/memory_pool.py --device cuda
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
