@@ -166,3 +166,18 @@ def test_an_exported_program_never_runs_a_different_kernel(tmp_path):
     _write_kernel(tmp_path / "exp_mod.py", "x[i] + x[i]")  # same module and name, other source
     changed = _run(tmp_path, "load")
     assert changed.returncode != 0 and "warpbridge" in changed.stderr  # fails loudly, no other kernel runs
+
+
+def test_a_module_executed_again_reuses_the_registration():
+    import importlib.util
+
+    def load():
+        spec = importlib.util.spec_from_file_location("kernels", os.path.join(HERE, "kernels.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    first, second = wb.op(load().square), wb.op(load().square)
+    assert first is not second and first.registration_name == second.registration_name
+    assert first.torch_op is second.torch_op
+    torch.testing.assert_close(second(torch.tensor([3.0])), torch.tensor([9.0]))

@@ -10,7 +10,16 @@ import warp as wp
 from . import _plan
 from ._errors import fail
 
-_NAMES = {np.dtype(n): n for n in _plan._ITEMSIZE}
+
+def _known(name: str) -> bool:
+    try:
+        np.dtype(name)
+    except TypeError:  # bfloat16 without ml_dtypes
+        return False
+    return True
+
+
+_NAMES = {np.dtype(n): n for n in _plan._ITEMSIZE if _known(n)}
 
 
 class _NumPy:

@@ -19,6 +19,7 @@ from . import _plan
 
 DTYPE_NAMES = {
     paddle.float16: "float16",
+    paddle.bfloat16: "bfloat16",
     paddle.float32: "float32",
     paddle.float64: "float64",
     paddle.int8: "int8",

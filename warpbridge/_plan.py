@@ -28,10 +28,15 @@ _array_t = wp._src.types.array_t
 _MAX_DIMS = 4
 _INT32_MAX = 2**31 - 1
 _ITEMSIZE = {
-    "float16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
+    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
     "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
 }  # fmt: skip
 _INIT_LOCK = threading.Lock()
+# 16-bit float scalars travel as raw bits in kernel argument structs: (to bits, from bits)
+_HALF_BITS = {
+    "float16": (wp._src.types.float_to_half_bits, wp._src.types.half_bits_to_float),
+    "bfloat16": (wp._src.types.float_to_bfloat16_bits, wp._src.types.bfloat16_bits_to_float),
+}
 # Held while warpbridge builds or loads a Warp module (a plan's first launch, a launch
 # function's first run, the point kernels' first use): Warp's module build and load are not
 # safe to enter from several threads at once. Warm calls never take it.
@@ -221,8 +226,10 @@ def make_scalar_packer(op: str, p: Param):
         def pack_float(v: Any) -> Any:
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise fail(op, f"argument '{p.name}' must be a Python number ({name} scalar), got {_what(v)}")
-            # float16 fields hold raw half bits
-            return wp._src.types.float_to_half_bits(float(v)) if name == "float16" else float(v)
+            # float16 / bfloat16 fields hold raw bits
+            if name in _HALF_BITS:
+                return _HALF_BITS[name][0](float(v))
+            return float(v)
 
         return pack_float
     bits = _ITEMSIZE[name] * 8
@@ -382,8 +389,8 @@ class Plan:
         values = []
         for p in self.sig.params:
             v = getattr(args, p.name)
-            if p.dtype_name == "float16" and not p.is_array and not p.inner_shape:
-                v = wp.float16(wp._src.types.half_bits_to_float(v))  # the field holds raw half bits
+            if p.dtype_name in _HALF_BITS and not p.is_array and not p.inner_shape:
+                v = p.wp_type(_HALF_BITS[p.dtype_name][1](v))  # the field holds raw bits
             values.append(v)
         return values
 
@@ -748,7 +755,7 @@ def _custom_backward(
     else:
         if sig.kind == "kernel":  # kernels take packed scalars; functions the Python values
             scalars = [
-                wp._src.types.half_bits_to_float(v) if p.dtype_name == "float16" and not p.inner_shape else v
+                _HALF_BITS[p.dtype_name][1](v) if p.dtype_name in _HALF_BITS and not p.inner_shape else v
                 for p, v in zip((q for q in sig.inputs if not q.is_array), scalars)
             ]
         run_function(bplan, b_ins, scalars, b_outs, stream)

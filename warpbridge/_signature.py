@@ -21,6 +21,7 @@ from ._errors import WarpBridgeError
 # Warp scalar types by the framework-neutral names that adapters map to their dtypes.
 _SCALAR_NAMES: dict[Any, str] = {
     wp.float16: "float16",
+    wp.bfloat16: "bfloat16",
     wp.float32: "float32",
     wp.float64: "float64",
     wp.int8: "int8",
@@ -34,7 +35,7 @@ _SCALAR_NAMES: dict[Any, str] = {
     wp.bool: "bool",
 }
 _PYTHON_SCALARS = {float: wp.float32, int: wp.int32, bool: wp.bool}
-_FLOAT_NAMES = frozenset({"float16", "float32", "float64"})
+_FLOAT_NAMES = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def _element_info(op: str, label: str, dtype: Any) -> tuple[str, tuple[int, ...]
             return _SCALAR_NAMES[scalar], tuple(int(s) for s in dtype._shape_)
     raise WarpBridgeError(
         f"{op}(): parameter '{label}' has Warp type {wp.types.type_repr(dtype)}, which warpbridge does not support "
-        f"(supported: scalars, vectors, matrices, quaternions and transforms of float16/32/64, (u)int8/16/32/64 and bool)"
+        f"(supported: scalars, vectors, matrices, quaternions and transforms of float16/32/64, bfloat16, (u)int8/16/32/64 and bool)"
     )
 
 

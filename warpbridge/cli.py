@@ -152,6 +152,16 @@ def _charts(out: Path) -> list[Path]:
                 f"{case}, ms": {f"{pool} pool": row["ms"] for pool, row in pools.items()}
                 for case, pools in data["median"].items()
             }
+        elif path.name.startswith("soak"):
+            rows = data["rows"]
+            sections = {
+                "soak: step ms, start -> end": {
+                    f"{r['op']} {when}": r[f"step_ms_{when}"] for r in rows for when in ("start", "end")
+                },
+                "soak: RSS MiB, start -> end": {
+                    f"{r['op']} {when}": r[f"rss_mib_{when}"] for r in rows for when in ("start", "end")
+                },
+            }
         else:
             continue
         sections = {k: v for k, v in sections.items() if v}

@@ -18,6 +18,8 @@ from . import _core, _func
 
 
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
+    if torch._C._is_any_autocast_enabled():
+        args = _autocast(op, args)
     if _func.active():  # torch.vmap / torch.func.grad / vjp / jacrev
         op.check_arity(args)
         rule = _func.OpRule(op, args, launch_dims, output_dims)
@@ -35,6 +37,24 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     else:
         outs = _core.forward(c, tensors)
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _autocast(op: Any, args: tuple) -> tuple:
+    """Under ``torch.autocast`` (and only there), floating tensors go to the dtype the kernel
+    declares, as autocast does for PyTorch's own ops: a differentiable cast, traced by
+    torch.compile like any other. Integer arrays and scalars are never touched."""
+    out = list(args)
+    for p in op.sig.array_inputs:
+        if p.position >= len(out):
+            break
+        a = out[p.position]
+        if not (p.is_float and isinstance(a, torch.Tensor) and a.is_floating_point()):
+            continue
+        if torch.is_autocast_enabled(a.device.type):
+            want = _core.TORCH_DTYPES[p.dtype_name]
+            if a.dtype != want:
+                out[p.position] = a.to(want)
+    return tuple(out)
 
 
 def _library_call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:

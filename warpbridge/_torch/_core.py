@@ -16,6 +16,7 @@ from . import _pool
 
 DTYPE_NAMES = {
     torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
     torch.float32: "float32",
     torch.float64: "float64",
     torch.int8: "int8",

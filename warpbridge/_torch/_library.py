@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .. import _plan
+from .. import _op, _plan
 from .._errors import fail
 from .._op import WarpOp
 from . import _core
@@ -29,7 +29,16 @@ def _same(a: WarpOp, b: WarpOp) -> bool:
     same_backward = (a.custom_backward is None and b.custom_backward is None) or (
         a.custom_backward is not None and b.custom_backward is not None and a.custom_backward.fn is b.custom_backward.fn
     )
-    return a is b or (a.fn is b.fn and a._options == b._options and same_backward)
+    if a is b:
+        return True
+    # The same callable, or the same source under the same module and name (a module executed
+    # again, importlib.reload): the registered implementation runs identical code.
+    same_fn = a.fn is b.fn or (
+        _op._source_of(a.fn) == _op._source_of(b.fn)
+        and getattr(a.fn, "key", None) == getattr(b.fn, "key", None)
+        and _op._registration_name(a.fn, {}) == _op._registration_name(b.fn, {})
+    )
+    return same_fn and a._options == b._options and same_backward
 
 
 def check_owner(op: WarpOp) -> None:
