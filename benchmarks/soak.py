@@ -98,11 +98,13 @@ def soak(name: str, seconds: float) -> dict:
         loss.backward()
         opt.step()
         times.append(time.perf_counter() - s)
-        if len(times) % 50 == 1:
+        if not rss or time.monotonic() - t0 - rss[-1][0] >= 10.0:
             rss.append((time.monotonic() - t0, rss_mib()))
+    rss.append((time.monotonic() - t0, rss_mib()))
     n = len(times)
     head, tail = times[10 : 10 + max(n // 10, 1)], times[-max(n // 10, 1) :]
-    warm_rss = rss[min(2, len(rss) - 1)][1]
+    warm_rss = rss[min(1, len(rss) - 1)][1]
+    half = next(r for t, r in rss if t >= rss[-1][0] / 2)
     return {
         "op": name,
         "seconds": round(time.monotonic() - t0, 1),
@@ -112,8 +114,10 @@ def soak(name: str, seconds: float) -> dict:
         "rss_mib_start": round(warm_rss, 1),
         "rss_mib_end": round(rss[-1][1], 1),
         "rss_mib_max": round(max(r for _, r in rss), 1),
+        "rss_mib_halfway": round(half, 1),  # a leak keeps growing in the second half; a cache does not
+        "rss_series": [(round(t, 1), round(r, 1)) for t, r in rss],
         "max_rss_mib_process": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "loss_end": float(loss),
+        "loss_end": float(loss.detach()),
     }
 
 
@@ -127,11 +131,11 @@ def main() -> None:
         print(f"soaking {name} for {args.minutes} min ...", flush=True)
         rows.append(soak(name, args.minutes * 60))
         print(json.dumps(rows[-1]), flush=True)
-    print(f"\n{'op':<16}{'steps':>9}{'step ms start':>15}{'end':>8}{'RSS MiB start':>15}{'end':>8}")
+    print(f"\n{'op':<16}{'steps':>9}{'step ms start':>15}{'end':>8}{'RSS MiB start':>15}{'halfway':>9}{'end':>8}")
     for r in rows:
         print(
             f"{r['op']:<16}{r['steps']:>9}{r['step_ms_start']:>15.2f}{r['step_ms_end']:>8.2f}"
-            f"{r['rss_mib_start']:>15.1f}{r['rss_mib_end']:>8.1f}"
+            f"{r['rss_mib_start']:>15.1f}{r['rss_mib_halfway']:>9.1f}{r['rss_mib_end']:>8.1f}"
         )
     out = os.path.join(HERE, "results", f"soak-{machine()}.json")
     with open(out, "w") as fh:

@@ -102,19 +102,7 @@ def test_no_grad_forward_and_autograd_grad_of_other_inputs_are_unaffected():
 
 
 def test_hash_grid_query_loop_in_a_launch_function_is_refused():
-    def radius_sum(
-        query: wp.array(dtype=wp.vec3d),
-        ref: wp.array(dtype=wp.vec3d),
-        feat: wp.array(dtype=wp.float64),
-        radius: float,
-        out: wp.array(dtype=wp.float64),
-    ):
-        pts = wp.array(ref.numpy().astype(np.float32), dtype=wp.vec3, device=ref.device)
-        grid = wp.HashGrid(8, 8, 8, device=ref.device)
-        grid.build(pts, radius)
-        wp.launch(A.radius_sum, dim=query.shape[0], inputs=[query, ref, feat, grid.id, radius], outputs=[out])
-
-    op = wb.op(radius_sum)
+    op = _grid_op(A.radius_sum)
     g = torch.Generator().manual_seed(1)
     q = torch.rand(16, 3, generator=g, dtype=f64)
     r = torch.rand(40, 3, generator=g, dtype=f64)

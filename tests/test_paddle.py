@@ -179,3 +179,17 @@ def test_process_using_paddle_exits_by_itself():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "done" in p.stdout
+
+
+def test_second_order_is_refused():
+    x = paddle.to_tensor([0.5, 1.0], dtype="float64", stop_gradient=False)
+    y = paddle.to_tensor([2.0, 3.0], dtype="float64")
+    with pytest.raises((wb.WarpBridgeError, OSError), match="second-order gradients are not supported"):
+        paddle.grad(wb.op(K.mul64)(x, y).sum(), x, create_graph=True)
+    q = paddle.rand([10, 3], dtype="float64")
+    q.stop_gradient = False
+    r, f = paddle.rand([12, 3], dtype="float64"), paddle.rand([12, 2], dtype="float64")
+    with pytest.raises((wb.WarpBridgeError, OSError), match="second-order"):
+        paddle.grad(wb.ops.radius_aggregate(q, r, f, 0.5, 0.2).sum(), q, create_graph=True)
+    (g,) = paddle.grad(wb.op(K.mul64)(x, y).sum(), x)  # first order still works
+    assert paddle.allclose(g, paddle.cos(x.detach()) * y).item()

@@ -16,6 +16,7 @@ import warp as wp
 from paddle.autograd import PyLayer
 
 from . import _plan
+from ._errors import fail
 
 DTYPE_NAMES = {
     paddle.float16: "float16",
@@ -76,6 +77,17 @@ class _Paddle:
         return a.data_ptr()
 
 
+def refuse_second_order(name: str) -> None:
+    """Paddle runs a PyLayer's backward with gradients enabled only under create_graph=True:
+    Warp's adjoint is not differentiable again, so refuse instead of cutting the graph."""
+    if paddle.is_grad_enabled():
+        raise fail(
+            name,
+            "second-order gradients are not supported: paddle.grad(..., create_graph=True) would need the "
+            "gradient of Warp's adjoint. Differentiate once (without create_graph)",
+        )
+
+
 def _stream(device: str) -> Any:
     if device == "cpu":
         return None
@@ -113,6 +125,7 @@ class _Apply(PyLayer):
 
     @staticmethod
     def backward(ctx: Any, *grads: paddle.Tensor) -> Any:
+        refuse_second_order(ctx.op.name)
         tensors = ctx.saved_tensor()
         op, pr = ctx.op, ctx.pr
         floats = iter(grads)

@@ -670,16 +670,9 @@ def backward(
             values = _replay(plan, ins, scalars, fw, device, stream)
     keep.extend(values or ())
     for j, (p, shape, g) in enumerate(zip(sig.outputs, plan.out_shapes, grads)):
-        full = shape + p.inner_shape
-        if g is None:
-            g = fw.zeros(full, p.dtype_name, device)
-        else:
-            _, gshape, gstrides, _, _ = fw.meta(g)
-            if p.name in sig.tracked_outputs or not inner_contiguous(p, gshape, gstrides):
-                g = fw.private_copy(g)
+        g, layout = _output_grad(fw, p, shape, g, device, private=p.name in sig.tracked_outputs)
         keep.append(g)
-        _, _, gstrides, itemsize, _ = fw.meta(g)
-        out_grads.append((fw.ptr(g), tuple(s * itemsize for s in gstrides[: p.ndim])))
+        out_grads.append(layout)
         out_ptrs.append(fw.ptr(values[j]) if values is not None and p.name in sig.reads_outputs else 0)
     gptrs = [
         fw.ptr(g) if g is not None else (fw.ptr(v) if v is not None and p.differentiable else 0)
@@ -691,6 +684,20 @@ def backward(
         run_function_adjoint(op, plan, ins, scalars, out_ptrs, gptrs, out_grads, stream)
     del keep
     return in_grads
+
+
+def _output_grad(fw: Any, p: Param, shape: tuple, g: Any, device: Any, private: bool) -> tuple[Any, tuple]:
+    """An output's incoming gradient as the adjoint takes it: zeros where none came, a private
+    copy where asked (or where its vector/matrix elements are not packed), and its
+    (pointer, Warp byte strides)."""
+    if g is None:
+        g = fw.zeros(shape + p.inner_shape, p.dtype_name, device)
+    else:
+        _, gshape, gstrides, _, _ = fw.meta(g)
+        if private or not inner_contiguous(p, gshape, gstrides):
+            g = fw.private_copy(g)
+    _, _, gstrides, itemsize, _ = fw.meta(g)
+    return g, (fw.ptr(g), tuple(s * itemsize for s in gstrides[: p.ndim]))
 
 
 def _replay(plan: Plan, ins: Sequence[int], scalars: Sequence[Any], fw: Any, device: Any, stream: Any) -> list:
@@ -732,16 +739,10 @@ def _custom_backward(
     for p, shape, g in zip(sig.outputs, plan.out_shapes, grads):
         if not p.is_float:
             continue
-        if g is None:
-            g = fw.zeros(shape + p.inner_shape, p.dtype_name, device)
-        else:
-            _, gshape, gstrides, _, _ = fw.meta(g)
-            if not inner_contiguous(p, gshape, gstrides):
-                g = fw.private_copy(g)
+        g, (ptr, strides) = _output_grad(fw, p, shape, g, device, private=False)
         keep.append(g)
-        _, _, gstrides, itemsize, _ = fw.meta(g)
-        g_ptrs.append(fw.ptr(g))
-        g_layouts.append((shape, tuple(s * itemsize for s in gstrides[: p.ndim])))
+        g_ptrs.append(ptr)
+        g_layouts.append((shape, strides))
     in_grads = []
     for p, a in zip(sig.array_inputs, arrays):
         if p.differentiable:

@@ -10,7 +10,7 @@ import paddle
 import warp as wp
 from paddle.autograd import PyLayer
 
-from .._paddle import DTYPE_NAMES, _Paddle
+from .._paddle import DTYPE_NAMES, _Paddle, refuse_second_order
 from .._plan import ensure_init
 from . import _core, _run
 
@@ -66,6 +66,7 @@ class _Radius(PyLayer):
 
     @staticmethod
     def backward(ctx, grad):
+        refuse_second_order("radius_aggregate")
         query, ref, features, out, stats, *grid = ctx.saved_tensor()
         m, n, f = query.shape[0], ref.shape[0], features.shape[1]
         grads = _run.radius_backward(
@@ -98,6 +99,7 @@ class _Knn(PyLayer):
 
     @staticmethod
     def backward(ctx, grad_dist, grad_idx=None):
+        refuse_second_order("knn")
         query, ref, idx = ctx.saved_tensor()
         grads = _run.knn_backward(
             _Fw(query), grad_dist.contiguous(), query, ref, idx, query.shape[0], ref.shape[0], ctx.needs
@@ -117,6 +119,7 @@ class _KnnAggregate(PyLayer):
 
     @staticmethod
     def backward(ctx, grad):
+        refuse_second_order("knn_aggregate")
         query, ref, features, dist, idx, out = ctx.saved_tensor()
         m, n, f = query.shape[0], ref.shape[0], features.shape[1]
         grads = _run.knn_aggregate_backward(
