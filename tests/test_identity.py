@@ -181,3 +181,10 @@ def test_a_module_executed_again_reuses_the_registration():
     assert first is not second and first.registration_name == second.registration_name
     assert first.torch_op is second.torch_op
     torch.testing.assert_close(second(torch.tensor([3.0])), torch.tensor([9.0]))
+
+
+def test_a_backward_on_an_op_sharing_another_ops_registration_is_refused():
+    first, second = wb.WarpOp(K.square), wb.WarpOp(K.square)  # two objects, one registration
+    assert first.torch_op is second.torch_op
+    with pytest.raises(wb.WarpBridgeError, match="shares its registered custom op with another op object"):
+        second.backward(K.square)

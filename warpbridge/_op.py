@@ -81,6 +81,7 @@ class WarpOp:
         self._scalar_packers = tuple(zip(self._packers, (p.position for p in self.sig.inputs if not p.is_array)))
         self._plans: dict[Any, _plan.Plan] = {}
         self._torch_op = None
+        self._shared_registration = False  # set by an adapter that reused another op's registration
         self._fast: dict[Any, Any] = {}  # adapters' per-layout cache of validated calls
         self._array_positions = tuple(p.position for p in self.sig.array_inputs)
         self._lock = threading.Lock()
@@ -116,13 +117,10 @@ class WarpOp:
     def torch_op(self) -> Any:
         """The registered ``torch.ops.warpbridge.<name>`` custom op (for opcheck and export)."""
         if self._torch_op is None:
-            from . import _torch
-            from ._torch import _library
-
-            _LOADED["torch"] = _torch
+            adapter = _load_adapter("torch")
             with self._lock:
                 if self._torch_op is None:
-                    self._torch_op = _library.register(self)
+                    self._torch_op = adapter.register(self)
         return self._torch_op
 
     def backward(self, fn: Any) -> Any:
@@ -140,10 +138,13 @@ class WarpOp:
                 f"already has a backward ({self.custom_backward.name}); an op takes one. Make a new op with "
                 "wb.op(kernel, backward=...) to use another",
             )
-        if self._torch_op is not None and "torch" in sys.modules:
-            from ._torch import _library
-
-            _library.check_owner(self)
+        if self._shared_registration:
+            raise fail(
+                self.name,
+                "this op shares its registered custom op with another op object made from the same kernel; "
+                "attach the backward when the op is made (wb.op(kernel, backward=...)) or give this op its own "
+                "name (wb.op(kernel, name=...))",
+            )
         self.custom_backward = _backward.CustomBackward(self, fn)
         self.__dict__.pop("_jax_fns", None)  # JAX functions built before now captured the old backward
         return fn
@@ -296,6 +297,14 @@ def _adapter(op: WarpOp, args: tuple) -> Any:
     return mod if mod is not None else _find_adapter(op, args)
 
 
+def _load_adapter(name: str) -> Any:
+    """The adapter module for a framework name (imported on first use, by its module path)."""
+    mod = _LOADED.get(name)
+    if mod is None:
+        mod = _LOADED[name] = importlib.import_module(_ADAPTERS[name])
+    return mod
+
+
 def _find_adapter(op: WarpOp, args: tuple) -> Any:
     found = None
     for p in op.sig.array_inputs:
@@ -323,9 +332,7 @@ def _find_adapter(op: WarpOp, args: tuple) -> Any:
         found = top
     if found is None:  # no array input: take the framework the caller has loaded
         found = "torch" if "torch" in sys.modules else "numpy"
-    mod = _LOADED.get(found)
-    if mod is None:
-        mod = _LOADED[found] = importlib.import_module(_ADAPTERS[found])
+    mod = _load_adapter(found)
     for i in op._array_positions:
         if i < len(args):
             _BY_TYPE[type(args[i])] = mod

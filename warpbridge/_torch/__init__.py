@@ -15,6 +15,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import grad_buffer as _grad_buffer
 from . import _core, _func
+from ._library import register as register  # the registered custom op of a WarpOp (op.torch_op)
 
 
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:

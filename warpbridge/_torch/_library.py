@@ -41,19 +41,6 @@ def _same(a: WarpOp, b: WarpOp) -> bool:
     return same_fn and a._options == b._options and same_backward
 
 
-def check_owner(op: WarpOp) -> None:
-    """Before a backward is attached: the op must own its registration (not share another
-    op object's), or torch.compile would run the other object's backward."""
-    found = _REGISTERED.get(op.registration_name)
-    if found is not None and found[0] is not op:
-        raise fail(
-            op.name,
-            f"this op shares its registration torch.ops.warpbridge.{op.registration_name} with another op object "
-            "made from the same kernel; attach the backward when the op is made (wb.op(kernel, backward=...)) or "
-            "give this op its own name (wb.op(kernel, name=...))",
-        )
-
-
 def _scalar_schema(p: Any) -> str:
     base = "float" if p.is_float else ("bool" if p.dtype_name == "bool" else "int")
     return f"{base}[]" if p.inner_shape else base
@@ -138,7 +125,10 @@ def register(op: WarpOp) -> Any:
         found = _REGISTERED.get(name)
         if found is not None:
             if _same(found[0], op):
-                return found[1]  # the same kernel with the same options: one registration
+                # the same kernel with the same options: one registration, whose implementation
+                # belongs to the first op object (so a backward attached later is refused here)
+                op._shared_registration = found[0] is not op
+                return found[1]
             raise fail(
                 op.name,
                 f"the name torch.ops.warpbridge.{name} is already registered for another kernel or function "
