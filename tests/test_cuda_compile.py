@@ -22,7 +22,7 @@ def _load(path: str, name: str):
 def _point_module(dtype):
     from warpbridge.ops import _kernels
 
-    return _kernels.kernels(dtype).grid_init.module
+    return _kernels.kernels(dtype).tree_init.module
 
 
 MODULES = {

@@ -262,10 +262,10 @@ def test_in_place_change_after_forward_is_caught():
         out.sum().backward()
 
 
-def test_grid_is_built_once_per_forward_and_reused_by_backward(monkeypatch):
+def test_tree_is_built_once_per_forward_and_reused_by_backward(monkeypatch):
     calls = []
-    real = _core.build_grid
-    monkeypatch.setattr(_core, "build_grid", lambda *a, **k: calls.append(a[1].shape[0]) or real(*a, **k))
+    real = _core.build_tree
+    monkeypatch.setattr(_core, "build_tree", lambda *a, **k: calls.append(a[1].shape[0]) or real(*a, **k))
     q, r, f = clouds(50, 70, 2, seed=14)
     r.requires_grad_()
     out = wb.ops.knn_aggregate(q, r, f, 3, 0.1)
@@ -289,8 +289,8 @@ def test_radius_backward_paths_agree(pairs, monkeypatch):
     from warpbridge.ops import _run
 
     grids = []
-    real = _core.build_grid
-    monkeypatch.setattr(_core, "build_grid", lambda *a, **k: grids.append(a[1].shape[0]) or real(*a, **k))
+    real = _core.build_tree
+    monkeypatch.setattr(_core, "build_tree", lambda *a, **k: grids.append(a[1].shape[0]) or real(*a, **k))
     if pairs == "two searches":
         monkeypatch.setattr(_run, "PAIRS_PER_POINT", -(10**9))
     q, r, f = clouds(60, 80, 3, seed=21)
@@ -535,7 +535,7 @@ def test_bad_input_raises_before_any_launch(case, monkeypatch):
     name, call, pattern = _bad_cases()[case]
     launched = []
     monkeypatch.setattr(_core, "launch_queries", lambda *a, **k: launched.append(a))
-    monkeypatch.setattr(_core, "build_grid", lambda *a, **k: launched.append(a))
+    monkeypatch.setattr(_core, "build_tree", lambda *a, **k: launched.append(a))
     with pytest.raises(WarpBridgeError, match=pattern) as info:
         call()
     assert str(info.value).startswith(f"{name}(): ")

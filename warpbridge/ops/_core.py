@@ -2,7 +2,7 @@
 
 Adapters allocate every array (outputs, saved state and scratch) with their framework's
 allocator and hand Warp views; this module only launches. Nothing here keeps state between
-calls: the grid travels as plain arrays from the forward to the backward.
+calls: the tree travels as plain arrays from the forward to the backward.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import warp as wp
 
 from .. import _plan
 from . import _kernels
-from ._kernels import GRID_SLACK
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
@@ -42,15 +41,6 @@ def get_num_threads() -> int:
     if env and env.isdigit() and int(env) > 0:
         return int(env)
     return os.cpu_count() or 1
-
-
-def grid_capacity(n: int, cells_per_point: int) -> int:
-    """Cells a grid over ``n`` points may use; its ``starts`` array has capacity + 2 entries.
-
-    Radius searches use 8 cells per point, so cells can shrink to the radius (27 cells to
-    visit, ~6x more candidates than neighbours); kNN searches use 1 (about a point per cell).
-    """
-    return cells_per_point * n + GRID_SLACK
 
 
 def slots(device: Any, m: int) -> int:
@@ -109,35 +99,49 @@ def launch_queries(
         f.result()
 
 
-def build_grid(
+def build_tree(
     k: Any,
     points: wp.array,
-    min_cell: float,
-    scratch: tuple[wp.array, wp.array, wp.array, wp.array],
-    grid: tuple[wp.array, wp.array, wp.array, wp.array, wp.array],
+    tree: tuple[wp.array, wp.array, wp.array, wp.array, wp.array],
     device: Any,
     stream: Any,
 ) -> None:
-    """Counting-sort ``points`` into a dense grid.
+    """Build the kd-tree over ``points`` (see ``_kernels``) into ``tree`` = (order (N,) int32,
+    sorted points (N,) vec3, box lo (nodes,) vec3, box hi (nodes,) vec3, min index (nodes,)
+    int32), with ``nodes = tree_nodes(N)``.
 
-    ``scratch`` = (lohi (2,) vec3 filled with +inf/-inf, cell_of (N,) int32, counts (cap+2,)
-    int32 zeroed, cursor (cap+2,) int32); ``grid`` = (order (N,) int32, sorted (N,) vec3,
-    starts (cap+2,) int32, geom (4,), dims (3,) int32).
+    The top levels are split one level per launch (the threads share a level's nodes);
+    below, one thread builds each subtree down to its leaves and back up; the top levels'
+    boxes are merged last.
     """
-    lohi, cell_of, counts, cursor = scratch
-    order, sorted_points, starts, geom, dims = grid
+    order, sorted_points, lo, hi, min_index = tree
     n = points.shape[0]
-    cap = counts.shape[0] - 2
-    with wp.ScopedStream(stream) if stream is not None else wp.ScopedDevice(device):
-        if n:
-            wp.launch(k.grid_bounds, dim=n, inputs=[points, lohi], device=device)
-        wp.launch(k.grid_setup, dim=1, inputs=[lohi, cap, min_cell, geom, dims], device=device)
-        if n:
-            wp.launch(k.grid_assign, dim=n, inputs=[points, geom, dims, cap, cell_of, counts], device=device)
-        wp.utils.array_scan(counts, starts, inclusive=False)
-        if n:
-            wp.copy(cursor, starts)
-            wp.launch(k.grid_fill, dim=n, inputs=[points, cell_of, cursor, order, sorted_points], device=device)
+    depth = lo.shape[0].bit_length() - 2
+    # On the CPU, enough subtrees for every thread (the top splits run one node per thread);
+    # on CUDA, enough for the device to be busy.
+    width = get_num_threads() if device.is_cpu else 4096
+    top = min(depth, max(0, (width - 1).bit_length())) if n >= 4 * MIN_QUERIES_PER_THREAD else 0
+    if n:
+        with wp.ScopedStream(stream) if stream is not None else wp.ScopedDevice(device):
+            wp.launch(k.tree_init, dim=n, inputs=[points, sorted_points, order], device=device)
+    before = [sorted_points, order]
+    for level in range(top):
+        parts = 1 << level
+        launch_queries(
+            k.tree_split, parts, min(parts, _cpu(device)), [*before, parts], [], device, stream, scatter=True
+        )
+    parts = 1 << top
+    boxes = [lo, hi, min_index]
+    launch_queries(
+        k.tree_subtrees, parts, min(parts, _cpu(device)), [*before, parts], boxes, device, stream, scatter=True
+    )
+    for level in reversed(range(top)):
+        parts = 1 << level
+        launch_queries(k.tree_up, parts, min(parts, _cpu(device)), [parts], boxes, device, stream, scatter=True)
+
+
+def _cpu(device: Any) -> int:
+    return get_num_threads() if device.is_cpu else 1
 
 
 _LOADED: set = set()
@@ -154,6 +158,6 @@ def kernels_for(dtype_name: str, device: Any) -> Any:
         return _kernels.kernels(wp.float32 if dtype_name == "float32" else wp.float64)
     with _plan.LOAD_LOCK:
         k = _kernels.kernels(wp.float32 if dtype_name == "float32" else wp.float64)
-        k.grid_init.module.load(device)
+        k.tree_init.module.load(device)
         _LOADED.add(key)
     return k

@@ -81,10 +81,10 @@ def _arr(dtype: str, ndim: int) -> Any:
 
 @functools.cache
 def _radius(m: int, n: int, f: int, dtype: str, radius: float, sigma: float) -> Any:
-    A2, A1, I1 = _arr(dtype, 2), _arr(dtype, 1), _arr("int32", 1)
-    gshapes = _run.grid_shapes(n, _run.RADIUS_CELLS_PER_POINT, dtype)
-    gnames = ["order", "sorted_points", "starts", "geom", "dims"]
-    gtypes = [I1, A2, I1, A1, I1]
+    A2, I1 = _arr(dtype, 2), _arr("int32", 1)
+    gshapes = _run.tree_shapes(n, dtype)
+    gnames = ["order", "sorted_points", "lo", "hi", "min_index"]
+    gtypes = [I1, A2, A2, A2, I1]
 
     def forward(q, r, feats):
         fw = _Fw(q.device, dtype)
@@ -97,9 +97,9 @@ def _radius(m: int, n: int, f: int, dtype: str, radius: float, sigma: float) -> 
         + [(nm, t, s) for nm, t, (s, _) in zip(gnames, gtypes, gshapes)],
     )
 
-    def backward(grad, q, r, feats, out, stats, *grid):
+    def backward(grad, q, r, feats, out, stats, *tree):
         fw = _Fw(q.device, dtype)
-        return _run.radius_backward(fw, grad, q, r, feats, out, stats, grid, m, n, f, radius, sigma, [True] * 3)
+        return _run.radius_backward(fw, grad, q, r, feats, out, stats, tree, m, n, f, radius, sigma, [True] * 3)
 
     bwd = _callable(
         backward,
@@ -117,8 +117,8 @@ def _radius(m: int, n: int, f: int, dtype: str, radius: float, sigma: float) -> 
         return res[0], (q, r, feats, *res)
 
     def op_bwd(saved, g):
-        q, r, feats, out, stats, *grid = saved
-        return tuple(bwd(g, q, r, feats, out, stats, *grid))
+        q, r, feats, out, stats, *tree = saved
+        return tuple(bwd(g, q, r, feats, out, stats, *tree))
 
     op.defvjp(op_fwd, op_bwd)
     return op

@@ -1,4 +1,4 @@
-"""Warp kernels for the point-cloud ops: a dense uniform grid, radius and kNN searches, and
+"""Warp kernels for the point-cloud ops: a kd-tree, radius and kNN searches over it, and
 hand-written adjoints.
 
 Why hand-written: Warp's generated adjoint does not replay dynamic loops (a neighbour search is
@@ -7,18 +7,30 @@ tutorial's kernel gets zero feature gradients. These adjoints are derived by han
 against float64 references in ``tests/test_points.py``. No kernel here has a Warp adjoint
 (``enable_backward=False``), which also halves compile time.
 
-The grid is dense over the reference points' bounding box; its cell width lives on the device
-(``geom``), so building it needs no host synchronisation on CUDA. Cells are at least
-``min_cell`` wide (the radius, for radius searches: at most 3 cells per axis to visit) and
-there are at most ``capacity`` of them (allocated from the point count alone). Points that are
-not finite go to a dead bucket at index ``capacity`` that no search visits: they are nobody's
-neighbour.
+The search structure is a balanced kd-tree with an implicit layout, so that its size and
+shape follow from the point count alone (no host synchronisation on CUDA, and the adapters
+can allocate it up front). Node ``1`` is the root, node ``c`` has children ``2c`` and
+``2c + 1``, and the ``2**depth`` leaves hold 4 to 8 points each. A node at level ``l`` holds the
+points ``[floor(i N / 2**l), floor((i + 1) N / 2**l))`` of the permuted point array: every
+split is a median split (quickselect) along the widest axis of the node's box, so the tree's
+depth is ``log2(N / 8)`` on any data. Outliers, clusters, surfaces and lines only change the
+boxes, never the depth or the memory. Each node keeps the exact bounding box of its points and
+the smallest original index among them.
+
+Searches are depth-first with an explicit stack. A node is skipped only when no point in it
+can matter: the distance to its box is computed with the same operations as a point distance,
+so it never exceeds the distance to any point inside (rounding is monotone). For kNN, a box at
+exactly the current k-th distance is also skipped when all its indices are larger than the
+k-th's (ties go to the smaller index), which keeps duplicated points fast.
+
+Points that are not finite are stored as (+inf, +inf, +inf): they sort to the end and are
+nobody's neighbour.
 
 Every per-query kernel takes ``stride`` and ``offset`` and handles queries
 ``tid * stride + offset``: on the CPU, where a Warp kernel runs on one thread, warpbridge
-launches one interleaved share per thread (ctypes launches release the GIL). Scatter targets
-have a leading *slot* dimension, one per CPU thread, summed in a fixed order afterwards, so
-results are deterministic on the CPU without atomics contending.
+launches one share per thread (ctypes launches release the GIL). Scatter targets have a leading
+*slot* dimension, one per CPU thread, summed in a fixed order afterwards, so results are
+deterministic on the CPU without atomics contending.
 """
 
 # No `from __future__ import annotations`: Warp evaluates the kernels' annotations, which
@@ -28,9 +40,20 @@ from typing import Any
 
 import warp as wp
 
-# Cells over capacity = cells_per_point * N + GRID_SLACK; the dead bucket and the scan's end take two more.
-GRID_SLACK = 64
+LEAF_SIZE = 16  # the most points per leaf
+STACK = 32  # the search stack: deeper than any tree of int32-indexed points (depth <= 28)
+SAMPLE = 15  # keys sampled to choose a quickselect pivot (odd)
 KNN_LOCAL = 16  # the largest k whose weights the aggregation keeps in a local vector
+
+
+def tree_depth(n: int) -> int:
+    """Levels below the root: the fewest that leave at most LEAF_SIZE points per leaf."""
+    return max(0, (-(-n // LEAF_SIZE) - 1).bit_length())
+
+
+def tree_nodes(n: int) -> int:
+    """Length of the node arrays (index 0 is unused)."""
+    return 2 << tree_depth(n)
 
 
 @functools.cache
@@ -40,6 +63,10 @@ def kernels(scalar: Any) -> Any:
     V = wp.types.vector(3, T)
     V4 = wp.types.vector(4, T)  # feature rows seen as groups of 4 (F % 4 == 0): ~2x faster gathers
     VK = wp.types.vector(KNN_LOCAL, T)  # per-query kNN weights, in registers or on the stack
+    Sample = wp.types.vector(SAMPLE, T)  # pivot candidates of a large quickselect step
+    SampleAt = wp.types.vector(SAMPLE, wp.int32)
+    Stack = wp.types.vector(STACK, wp.int32)
+    StackD = wp.types.vector(STACK, T)
     module = f"warpbridge_points_{T.__name__}"
 
     def kernel(f):
@@ -47,11 +74,6 @@ def kernels(scalar: Any) -> Any:
 
     def func(f):
         return wp.func(f, module=module)
-
-    @func
-    def cells_for(ext: V, h: T) -> T:
-        # In T, not int: ext / h may exceed any integer while h grows.
-        return (wp.floor(ext[0] / h) + T(1.0)) * (wp.floor(ext[1] / h) + T(1.0)) * (wp.floor(ext[2] / h) + T(1.0))
 
     # Row helpers over the feature dim F, unrolled by 4 by hand: a loop with a run-time bound
     # is not unrolled by the CPU compiler and measured ~2x slower here.
@@ -92,12 +114,6 @@ def kernels(scalar: Any) -> Any:
         # wp.isfinite measured ~8 ns per call on the CPU, half the cost of a grid-build pass;
         # a NaN fails the comparison as an infinity does.
         return wp.abs(p[0]) < T(wp.inf) and wp.abs(p[1]) < T(wp.inf) and wp.abs(p[2]) < T(wp.inf)
-
-    @func
-    def axis_gap(x: T, o: T, h: T, c: int) -> T:
-        # Distance along one axis from x to cell c's slab [o + c h, o + (c + 1) h].
-        lo = o + T(c) * h
-        return wp.max(wp.max(lo - x, x - (lo + h)), T(0.0))
 
     @func
     def aggregate_row(
@@ -159,20 +175,20 @@ def kernels(scalar: Any) -> Any:
         i: int,
         k: int,
         count: int,
+        bound: T,
         dist: wp.array2d(dtype=T),
         idx: wp.array2d(dtype=wp.int64),
     ) -> int:
         # Insert candidate s into query i's sorted top-k (distance, then index); returns the
-        # new count. Most candidates are rejected on the squared distance, with a margin so
-        # that rounding never rejects a tie.
+        # new count. Once the list is full, candidates whose squared distance exceeds `bound`
+        # (sq_bound of the k-th distance) are certainly farther and rejected without a sqrt.
         diff = q - sorted_points[s]
-        d2 = wp.dot(diff, diff)
         new_count = count
-        last = dist[i, k - 1]
-        if count < k or d2 <= last * last * T(1.000001) + T(1e-30):
-            d = wp.sqrt(d2)
+        if count < k or wp.dot(diff, diff) <= bound:
+            d = norm(diff)
             j = wp.int64(order[s])
-            if count < k or d < last or (d == last and j < idx[i, k - 1]):
+            last = dist[i, k - 1]
+            if d < T(wp.inf) and (count < k or d < last or (d == last and j < idx[i, k - 1])):
                 pos = wp.min(count, k - 1)
                 while pos > 0 and (d < dist[i, pos - 1] or (d == dist[i, pos - 1] and j < idx[i, pos - 1])):
                     dist[i, pos] = dist[i, pos - 1]
@@ -185,116 +201,231 @@ def kernels(scalar: Any) -> Any:
         return new_count
 
     @func
-    def search_reach(radius: T) -> T:
-        # Cells are chosen a hair wider than the ball, so that a pair whose rounded distance
-        # is <= radius is found from either side's grid.
-        return radius * T(1.0001) + T(1e-30)
+    def norm(v: V) -> T:
+        # |v| without overflow or underflow: squares of coordinates beyond ~1e19 overflow
+        # float32 and those below ~1e-19 underflow, so such vectors are scaled first. The
+        # common path is sqrt(dot(v, v)): for a box gap and a point difference in the normal
+        # range it is monotone, which the searches' pruning relies on (see box_gap2).
+        d2 = wp.dot(v, v)
+        if d2 < T(wp.inf) and d2 >= T(1e-30):
+            return wp.sqrt(d2)
+        a = wp.max(wp.max(wp.abs(v[0]), wp.abs(v[1])), wp.abs(v[2]))
+        if a == T(0.0) or not (a < T(wp.inf)):
+            return a
+        return a * wp.length(v / a)
 
     @func
-    def coord(x: T, o: T, h: T, d: int) -> int:
-        c = wp.floor((x - o) / h)
-        return int(wp.clamp(c, T(0.0), T(d - 1)))
+    def box_distance(q: V, lo: V, hi: V) -> T:
+        # Per axis, the gap to [lo, hi] is at most |q - p| for any p inside, exactly (rounding
+        # is monotone); so is the norm. An empty box (lo = +inf) is infinitely far.
+        return norm(wp.max(wp.max(lo - q, q - hi), V(T(0.0))))
 
     @func
-    def ball_cells(p: V, radius: T, geom: wp.array(dtype=T), dims: wp.array(dtype=wp.int32)):
-        """The first and last cell, per axis, that a ball around p can touch."""
-        h = geom[3]
-        reach = search_reach(radius)
-        lo = wp.vec3i(
-            coord(p[0] - reach, geom[0], h, dims[0]),
-            coord(p[1] - reach, geom[1], h, dims[1]),
-            coord(p[2] - reach, geom[2], h, dims[2]),
-        )
-        hi = wp.vec3i(
-            coord(p[0] + reach, geom[0], h, dims[0]),
-            coord(p[1] + reach, geom[1], h, dims[1]),
-            coord(p[2] + reach, geom[2], h, dims[2]),
-        )
-        return lo, hi
+    def box_gap2(q: V, lo: V, hi: V) -> T:
+        # The squared distance to a box (inf when it overflows, 0 when it underflows): for
+        # ordering, and for certain rejections against sq_bound.
+        g = wp.max(wp.max(lo - q, q - hi), V(T(0.0)))
+        return wp.dot(g, g)
 
-    @kernel
-    def grid_init(lohi: wp.array(dtype=V)):
-        lohi[0] = V(T(wp.inf))
-        lohi[1] = V(T(-wp.inf))
+    @func
+    def sq_bound(limit: T) -> T:
+        # A squared distance above this is certainly farther than `limit`, rounding of the
+        # squares (and their underflow) included: a sqrt is only needed at or below it. It is
+        # inf when limit**2 overflows; then only an exact comparison can reject (near_box).
+        return limit * limit * T(1.0001) + T(1e-30)
 
-    @kernel
-    def grid_bounds(points: wp.array(dtype=V), lohi: wp.array(dtype=V)):
-        i = wp.tid()
-        p = points[i]
-        if finite(p):
-            wp.atomic_min(lohi, 0, p)
-            wp.atomic_max(lohi, 1, p)
+    @func
+    def near_box(q: V, lo: V, hi: V, reach: T, radius: T) -> bool:
+        # False only if no point of the box can be within `radius` of q (reach = sq_bound).
+        g2 = box_gap2(q, lo, hi)
+        if g2 > reach:
+            return False
+        if reach < T(wp.inf):
+            return True
+        return box_distance(q, lo, hi) <= radius * T(1.00001)  # huge radius: with a margin
 
-    @kernel
-    def grid_setup(
-        lohi: wp.array(dtype=V),
-        capacity: int,
-        min_cell: T,
-        geom: wp.array(dtype=T),
-        dims: wp.array(dtype=wp.int32),
-    ):
-        lo = lohi[0]
-        hi = lohi[1]
-        if not (lo[0] <= hi[0]):  # no finite point at all
-            lo = V(T(0.0))
-            hi = V(T(0.0))
-        ext = hi - lo
-        emax = wp.max(wp.max(ext[0], ext[1]), ext[2])
-        cap = T(capacity)
-        h = wp.max(min_cell, emax / wp.pow(cap, T(1.0) / T(3.0)))
-        if not (h > T(0.0)):
-            h = T(1.0)
-        while cells_for(ext, h) > cap:
-            h = h * T(1.25)
-        # Shrink while the grid still fits: flat and elongated clouds get finer cells.
-        it = int(0)
-        while it < 64:
-            h2 = h * T(0.8)
-            if h2 < min_cell or cells_for(ext, h2) > cap:
-                break
-            h = h2
-            it += 1
-        geom[0] = lo[0]
-        geom[1] = lo[1]
-        geom[2] = lo[2]
-        geom[3] = h
-        dims[0] = int(wp.floor(ext[0] / h)) + 1
-        dims[1] = int(wp.floor(ext[1] / h)) + 1
-        dims[2] = int(wp.floor(ext[2] / h)) + 1
+    @func
+    def levels(leaves: int) -> int:
+        # log2 of the leaf count (a power of two)
+        d = int(0)
+        while (1 << d) < leaves:
+            d += 1
+        return d
 
-    @kernel
-    def grid_assign(
-        points: wp.array(dtype=V),
-        geom: wp.array(dtype=T),
-        dims: wp.array(dtype=wp.int32),
-        capacity: int,
-        cell_of: wp.array(dtype=wp.int32),
-        counts: wp.array(dtype=wp.int32),
-    ):
-        i = wp.tid()
-        p = points[i]
-        c = capacity
-        if finite(p):
-            h = geom[3]
-            cx = coord(p[0], geom[0], h, dims[0])
-            cy = coord(p[1], geom[1], h, dims[1])
-            cz = coord(p[2], geom[2], h, dims[2])
-            c = (cx * dims[1] + cy) * dims[2] + cz
-        cell_of[i] = c
-        wp.atomic_add(counts, c, 1)
+    @func
+    def leaf_start(leaf: int, n: int, depth: int) -> int:
+        # part(leaf, n, 2**depth) with a shift for a division: it runs once per leaf visited.
+        return int((wp.int64(leaf) * wp.int64(n)) >> wp.int64(depth))
 
-    @kernel
-    def grid_fill(
-        points: wp.array(dtype=V),
-        cell_of: wp.array(dtype=wp.int32),
-        cursor: wp.array(dtype=wp.int32),
+    @func
+    def part(i: int, n: int, parts: int) -> int:
+        # Start of the i-th of `parts` equal shares of n points (in int64: i * n may overflow).
+        return int((wp.int64(i) * wp.int64(n)) // wp.int64(parts))
+
+    @func
+    def node_box(
+        pts: wp.array(dtype=V),
         order: wp.array(dtype=wp.int32),
-        sorted_points: wp.array(dtype=V),
+        s: int,
+        e: int,
+        node: int,
+        lo: wp.array(dtype=V),
+        hi: wp.array(dtype=V),
+        min_index: wp.array(dtype=wp.int32),
     ):
+        # The exact box and smallest original index of points [s, e).
+        b0 = V(T(wp.inf))
+        b1 = V(T(-wp.inf))
+        first = int(2147483647)
+        for t in range(s, e):
+            b0 = wp.min(b0, pts[t])
+            b1 = wp.max(b1, pts[t])
+            first = wp.min(first, order[t])
+        lo[node] = b0
+        hi[node] = b1
+        min_index[node] = first
+
+    @func
+    def split_node(pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32), n: int, parts: int, i: int):
+        # Node i of a level with `parts` nodes: put its point of rank m along its widest axis
+        # at the children's boundary.
+        s = part(i, n, parts)
+        e = part(i + 1, n, parts)
+        m = part(2 * i + 1, n, 2 * parts)
+        # The split axis: the widest spread of (a sample of) the node's points. The exact boxes
+        # are merged bottom-up once the points are in place.
+        b0 = V(T(wp.inf))
+        b1 = V(T(-wp.inf))
+        step = wp.max(1, (e - s) // SAMPLE)
+        for t in range(s, e, step):
+            b0 = wp.min(b0, pts[t])
+            b1 = wp.max(b1, pts[t])
+        ext = b1 - b0
+        axis = int(0)
+        if ext[1] > ext[axis]:
+            axis = 1
+        if ext[2] > ext[axis]:
+            axis = 2
+        if m < e:
+            # Quickselect of position m along the axis, keys compared as (coordinate, original
+            # index): all distinct, so duplicated points cannot unbalance a step. Lomuto's
+            # partition written without branches (every element swapped, the boundary moved
+            # by the comparison): ~2x faster here than Hoare's, whose branches mispredict.
+            left = s
+            right = e - 1
+            while left < right:
+                span = right - left
+                pick = left + span // 2
+                if span > 4 * SAMPLE:
+                    # The pivot is the sample element at the target's relative rank, so the
+                    # target's side shrinks fast (Floyd and Rivest's idea, one pivot).
+                    keys = Sample()
+                    at = SampleAt()
+                    for si in range(SAMPLE):
+                        t = left + (span * si) // (SAMPLE - 1)
+                        v = pts[t][axis]
+                        sj = si
+                        while sj > 0 and keys[sj - 1] > v:
+                            keys[sj] = keys[sj - 1]
+                            at[sj] = at[sj - 1]
+                            sj -= 1
+                        keys[sj] = v
+                        at[sj] = t
+                    pick = at[((m - left) * (SAMPLE - 1) + span // 2) // span]
+                pivot = pts[pick]
+                pivot_index = order[pick]
+                pts[pick] = pts[right]
+                order[pick] = order[right]
+                key = pivot[axis]
+                store = left
+                for j in range(left, right):
+                    pj = pts[j]
+                    oj = order[j]
+                    below = pj[axis] < key or (pj[axis] == key and oj < pivot_index)
+                    pts[j] = pts[store]
+                    order[j] = order[store]
+                    pts[store] = pj
+                    order[store] = oj
+                    store += wp.where(below, 1, 0)
+                pts[right] = pts[store]
+                order[right] = order[store]
+                pts[store] = pivot
+                order[store] = pivot_index
+                if m < store:
+                    right = store - 1
+                elif m > store:
+                    left = store + 1
+                else:
+                    break
+
+    @func
+    def merge_up(node: int, lo: wp.array(dtype=V), hi: wp.array(dtype=V), min_index: wp.array(dtype=wp.int32)):
+        a = 2 * node
+        lo[node] = wp.min(lo[a], lo[a + 1])
+        hi[node] = wp.max(hi[a], hi[a + 1])
+        min_index[node] = wp.min(min_index[a], min_index[a + 1])
+
+    @kernel
+    def tree_up(
+        parts: int,
+        stride: int,
+        offset: int,
+        lo: wp.array(dtype=V),
+        hi: wp.array(dtype=V),
+        min_index: wp.array(dtype=wp.int32),
+    ):
+        merge_up(parts + wp.tid() * stride + offset, lo, hi, min_index)
+
+    @kernel
+    def tree_init(points: wp.array(dtype=V), pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32)):
+        # The points to be permuted; a non-finite one becomes (+inf, +inf, +inf).
         i = wp.tid()
-        s = wp.atomic_add(cursor, cell_of[i], 1)  # on the CPU: ascending i within a cell
-        order[s] = i
-        sorted_points[s] = points[i]
+        p = points[i]
+        if not finite(p):
+            p = V(T(wp.inf))
+        pts[i] = p
+        order[i] = i
+
+    @kernel
+    def tree_split(pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32), parts: int, stride: int, offset: int):
+        split_node(pts, order, pts.shape[0], parts, wp.tid() * stride + offset)
+
+    @kernel
+    def tree_subtrees(
+        pts: wp.array(dtype=V),
+        order: wp.array(dtype=wp.int32),
+        parts: int,
+        stride: int,
+        offset: int,
+        lo: wp.array(dtype=V),
+        hi: wp.array(dtype=V),
+        min_index: wp.array(dtype=wp.int32),
+    ):
+        # One thread builds the whole subtree under node (parts + r): its splits level by
+        # level, its leaves' boxes, then its boxes bottom-up.
+        r = wp.tid() * stride + offset
+        n = pts.shape[0]
+        leaves = lo.shape[0] // 2
+        level = parts
+        width = int(1)
+        while level < leaves:
+            for j in range(width):
+                split_node(pts, order, n, level, r * width + j)
+            level = level * 2
+            width = width * 2
+        for j in range(width):
+            leaf = r * width + j
+            node_box(pts, order, part(leaf, n, leaves), part(leaf + 1, n, leaves), leaves + leaf, lo, hi, min_index)
+        while level > parts:
+            level = level // 2
+            width = width // 2
+            for j in range(width):
+                merge_up(level + r * width + j, lo, hi, min_index)
+        if r == 0:
+            # Node 0 is unused but returned (as a saved output): deterministic contents.
+            lo[0] = V(T(0.0))
+            hi[0] = V(T(0.0))
+            min_index[0] = 0
 
     @kernel
     def radius_forward(
@@ -302,9 +433,9 @@ def kernels(scalar: Any) -> Any:
         features: wp.array2d(dtype=T),
         order: wp.array(dtype=wp.int32),
         sorted_points: wp.array(dtype=V),
-        starts: wp.array(dtype=wp.int32),
-        geom: wp.array(dtype=T),
-        dims: wp.array(dtype=wp.int32),
+        lo: wp.array(dtype=V),
+        hi: wp.array(dtype=V),
+        min_index: wp.array(dtype=wp.int32),
         radius: T,
         sigma: T,
         stride: int,
@@ -321,29 +452,48 @@ def kernels(scalar: Any) -> Any:
         nearest = T(0.0)
         found = int(0)
         count = int(0)  # neighbours: sizes the backward's pair list
-        if finite(q):
-            lo, hi = ball_cells(q, radius, geom, dims)
-            for cx in range(lo[0], hi[0] + 1):
-                for cy in range(lo[1], hi[1] + 1):
-                    base = (cx * dims[1] + cy) * dims[2]
-                    for s in range(starts[base + lo[2]], starts[base + hi[2] + 1]):
-                        d = wp.length(q - sorted_points[s])
-                        if d <= radius:
-                            j = order[s]
-                            if found == 0 or d < nearest:
-                                # A new nearest neighbour: rescale what was summed so far so
-                                # that every weight stays <= 1 (online softmax).
-                                scale = T(0.0)
-                                if found != 0:
-                                    scale = wp.exp((d - nearest) / sigma)
-                                total = total * scale
-                                row_scale(out, i, scale, nf)
-                                nearest = d
-                                found = 1
-                            w = wp.exp((nearest - d) / sigma)
-                            total += w
-                            count += 1
-                            row_axpy(out, i, w, features, j, nf)
+        n = sorted_points.shape[0]
+        leaves = lo.shape[0] // 2
+        depth = levels(leaves)
+        stack = Stack()
+        sp = int(0)
+        reach = sq_bound(radius)  # boxes and points beyond are certainly outside the ball
+        if finite(q) and near_box(q, lo[1], hi[1], reach, radius):
+            stack[0] = 1
+            sp = 1
+        while sp > 0:
+            sp -= 1
+            node = stack[sp]
+            if node < leaves:
+                child = 2 * node
+                if near_box(q, lo[child + 1], hi[child + 1], reach, radius):
+                    stack[sp] = child + 1
+                    sp += 1
+                if near_box(q, lo[child], hi[child], reach, radius):
+                    stack[sp] = child
+                    sp += 1
+            else:
+                for s in range(leaf_start(node - leaves, n, depth), leaf_start(node - leaves + 1, n, depth)):
+                    diff = q - sorted_points[s]
+                    if wp.dot(diff, diff) > reach:
+                        continue
+                    d = norm(diff)
+                    if d <= radius:
+                        j = order[s]
+                        if found == 0 or d < nearest:
+                            # A new nearest neighbour: rescale what was summed so far so
+                            # that every weight stays <= 1 (online softmax).
+                            scale = T(0.0)
+                            if found != 0:
+                                scale = wp.exp((d - nearest) / sigma)
+                            total = total * scale
+                            row_scale(out, i, scale, nf)
+                            nearest = d
+                            found = 1
+                        w = wp.exp((nearest - d) / sigma)
+                        total += w
+                        count += 1
+                        row_axpy(out, i, w, features, j, nf)
         if found != 0:
             row_scale(out, i, T(1.0) / total, nf)
         stats[i, 0] = total
@@ -352,7 +502,7 @@ def kernels(scalar: Any) -> Any:
 
     # The radius backward runs as two gathers, no scatter: one pass over the queries (their
     # gradient) and one over the references (theirs and the features'), each searching the
-    # other side's grid. No atomics, so it is deterministic on any device and any chunking.
+    # other side's tree. No atomics, so it is deterministic on any device and any chunking.
     # With out_i = sum_j p_ij f_j, p_ij = w_ij / W_i and g_i = dL/dout_i:
     #   dL/df_j    = sum_i p_ij g_i
     #   dL/dd_ij   = p_ij (g_i.out_i - g_i.f_j) / sigma      (the exponent's shift cancels)
@@ -364,9 +514,9 @@ def kernels(scalar: Any) -> Any:
         features: wp.array2d(dtype=T),
         q_order: wp.array(dtype=wp.int32),
         q_sorted: wp.array(dtype=V),
-        q_starts: wp.array(dtype=wp.int32),
-        q_geom: wp.array(dtype=T),
-        q_dims: wp.array(dtype=wp.int32),
+        q_lo: wp.array(dtype=V),
+        q_hi: wp.array(dtype=V),
+        q_min_index: wp.array(dtype=wp.int32),
         radius: T,
         sigma: T,
         stats: wp.array2d(dtype=T),
@@ -386,29 +536,47 @@ def kernels(scalar: Any) -> Any:
         if need_features != 0:
             for f in range(nf):
                 d_features[j, f] = T(0.0)
-        if finite(r):
-            lo, hi = ball_cells(r, radius, q_geom, q_dims)
-            for cx in range(lo[0], hi[0] + 1):
-                for cy in range(lo[1], hi[1] + 1):
-                    base = (cx * q_dims[1] + cy) * q_dims[2]
-                    for s in range(q_starts[base + lo[2]], q_starts[base + hi[2] + 1]):
-                        diff = q_sorted[s] - r  # q - r, exactly as the forward computed it
-                        d = wp.length(diff)
-                        if d <= radius:
-                            i = q_order[s]
-                            p = wp.exp((stats[i, 1] - d) / sigma) / stats[i, 0]
-                            if need_features != 0:
-                                row_axpy(d_features, j, p, grad, i, nf)
-                            if need_ref != 0 and d > T(0.0):
-                                g_f = row_dot(grad, i, features, j, nf)
-                                dr -= diff * (p * (g_out[i] - g_f) / (sigma * d))
+        m = q_sorted.shape[0]
+        leaves = q_lo.shape[0] // 2
+        depth = levels(leaves)
+        stack = Stack()
+        sp = int(0)
+        reach = sq_bound(radius)
+        if finite(r) and near_box(r, q_lo[1], q_hi[1], reach, radius):
+            stack[0] = 1
+            sp = 1
+        while sp > 0:
+            sp -= 1
+            node = stack[sp]
+            if node < leaves:
+                child = 2 * node
+                if near_box(r, q_lo[child + 1], q_hi[child + 1], reach, radius):
+                    stack[sp] = child + 1
+                    sp += 1
+                if near_box(r, q_lo[child], q_hi[child], reach, radius):
+                    stack[sp] = child
+                    sp += 1
+            else:
+                for s in range(leaf_start(node - leaves, m, depth), leaf_start(node - leaves + 1, m, depth)):
+                    diff = q_sorted[s] - r  # q - r, exactly as the forward computed it
+                    if wp.dot(diff, diff) > reach:
+                        continue
+                    d = norm(diff)
+                    if d <= radius:
+                        i = q_order[s]
+                        p = wp.exp((stats[i, 1] - d) / sigma) / stats[i, 0]
+                        if need_features != 0:
+                            row_axpy(d_features, j, p, grad, i, nf)
+                        if need_ref != 0 and d > T(0.0):
+                            g_f = row_dot(grad, i, features, j, nf)
+                            dr -= diff * (p * (g_out[i] - g_f) / (sigma * d))
         if need_ref != 0:
             d_ref[j] = dr
 
     # On the CPU the radius backward keeps the query pass's search and records each pair
     # (query, reference, p, dr coefficient) at a fixed place in a list sized by the forward's
     # neighbour counts; the reference side then gathers over that list, transposed, instead of
-    # searching a grid over the queries. Fixed positions: deterministic with any chunking.
+    # searching a tree over the queries. Fixed positions: deterministic with any chunking.
 
     @kernel
     def pair_counts(stats: wp.array2d(dtype=T), counts: wp.array(dtype=wp.int32)):
@@ -421,9 +589,9 @@ def kernels(scalar: Any) -> Any:
         features: wp.array2d(dtype=T),
         order: wp.array(dtype=wp.int32),
         sorted_points: wp.array(dtype=V),
-        starts: wp.array(dtype=wp.int32),
-        geom: wp.array(dtype=T),
-        dims: wp.array(dtype=wp.int32),
+        lo: wp.array(dtype=V),
+        hi: wp.array(dtype=V),
+        min_index: wp.array(dtype=wp.int32),
         radius: T,
         sigma: T,
         out: wp.array2d(dtype=T),
@@ -453,31 +621,49 @@ def kernels(scalar: Any) -> Any:
         k = int(0)
         if record:
             k = offsets[i]
+        n = sorted_points.shape[0]
+        leaves = lo.shape[0] // 2
+        depth = levels(leaves)
+        stack = Stack()
+        sp = int(0)
+        reach = sq_bound(radius)
         if total > T(0.0) and (need_query != 0 or record):
-            q = query[i]
-            nearest = stats[i, 1]
-            inv = T(1.0) / total
-            lo, hi = ball_cells(q, radius, geom, dims)
-            for cx in range(lo[0], hi[0] + 1):
-                for cy in range(lo[1], hi[1] + 1):
-                    base = (cx * dims[1] + cy) * dims[2]
-                    for s in range(starts[base + lo[2]], starts[base + hi[2] + 1]):
-                        diff = q - sorted_points[s]
-                        d = wp.length(diff)
-                        if d <= radius:
-                            j = order[s]
-                            p = wp.exp((nearest - d) / sigma) * inv
-                            c = T(0.0)
-                            if (need_query != 0 or need_ref != 0) and d > T(0.0):
-                                g_f = row_dot(grad, i, features, j, nf)
-                                c = p * (go - g_f) / (sigma * d)  # dL/dq_i += c diff, dL/dr_j -= c diff
-                                dq += diff * c
-                            if record:
-                                pair_query[k] = i
-                                pair_ref[k] = j
-                                pair_p[k] = p
-                                pair_c[k] = c
-                                k += 1
+            stack[0] = 1
+            sp = 1
+        q = query[i]
+        nearest = stats[i, 1]
+        inv = T(1.0) / wp.max(total, T(1e-30))
+        while sp > 0:
+            sp -= 1
+            node = stack[sp]
+            if node < leaves:
+                child = 2 * node
+                if near_box(q, lo[child + 1], hi[child + 1], reach, radius):
+                    stack[sp] = child + 1
+                    sp += 1
+                if near_box(q, lo[child], hi[child], reach, radius):
+                    stack[sp] = child
+                    sp += 1
+            else:
+                for s in range(leaf_start(node - leaves, n, depth), leaf_start(node - leaves + 1, n, depth)):
+                    diff = q - sorted_points[s]
+                    if wp.dot(diff, diff) > reach:
+                        continue
+                    d = norm(diff)
+                    if d <= radius:
+                        j = order[s]
+                        p = wp.exp((nearest - d) / sigma) * inv
+                        c = T(0.0)
+                        if (need_query != 0 or need_ref != 0) and d > T(0.0):
+                            g_f = row_dot(grad, i, features, j, nf)
+                            c = p * (go - g_f) / (sigma * d)  # dL/dq_i += c diff, dL/dr_j -= c diff
+                            dq += diff * c
+                        if record:
+                            pair_query[k] = i
+                            pair_ref[k] = j
+                            pair_p[k] = p
+                            pair_c[k] = c
+                            k += 1
         if need_query != 0:
             d_query[i] = dq
 
@@ -543,9 +729,9 @@ def kernels(scalar: Any) -> Any:
         query: wp.array(dtype=V),
         order: wp.array(dtype=wp.int32),
         sorted_points: wp.array(dtype=V),
-        starts: wp.array(dtype=wp.int32),
-        geom: wp.array(dtype=T),
-        dims: wp.array(dtype=wp.int32),
+        lo: wp.array(dtype=V),
+        hi: wp.array(dtype=V),
+        min_index: wp.array(dtype=wp.int32),
         k: int,
         features: wp.array2d(dtype=T),
         features4: wp.array2d(dtype=V4),
@@ -559,78 +745,63 @@ def kernels(scalar: Any) -> Any:
     ):
         # With a non-empty `out`, also aggregates (knn_aggregate) while the row is hot in cache.
         i = wp.tid() * stride + offset
-        inf = T(wp.inf)
         for n in range(k):
-            dist[i, n] = inf
+            dist[i, n] = T(wp.inf)
             idx[i, n] = wp.int64(-1)
         q = query[i]
+        n = sorted_points.shape[0]
+        leaves = lo.shape[0] // 2
+        depth = levels(leaves)
+        stack = Stack()
+        gaps = StackD()  # squared distances to the stacked boxes
+        sp = int(0)
         if finite(q):
-            h = geom[3]
-            dx = dims[0]
-            dy = dims[1]
-            dz = dims[2]
-            c0x = coord(q[0], geom[0], h, dx)
-            c0y = coord(q[1], geom[1], h, dy)
-            c0z = coord(q[2], geom[2], h, dz)
-            count = int(0)
-            ring = int(0)
-            while True:
-                # Visit the cells at Chebyshev distance `ring` from the query's cell: whole
-                # z-columns where x or y is on the shell (one contiguous run of points,
-                # trimmed to the current k-th distance), the two z faces elsewhere.
-                for cx in range(wp.max(c0x - ring, 0), wp.min(c0x + ring, dx - 1) + 1):
-                    bx = axis_gap(q[0], geom[0], h, cx)
-                    for cy in range(wp.max(c0y - ring, 0), wp.min(c0y + ring, dy - 1) + 1):
-                        by = axis_gap(q[1], geom[1], h, cy)
-                        base = (cx * dy + cy) * dz
-                        gxy2 = bx * bx + by * by
-                        if wp.abs(cx - c0x) == ring or wp.abs(cy - c0y) == ring:
-                            z0 = wp.max(c0z - ring, 0)
-                            z1 = wp.min(c0z + ring, dz - 1)
-                            visit = True
-                            if count == k:
-                                # margin for rounding: never skip a possible tie
-                                lim = dist[i, k - 1] * T(1.00001) + T(1e-6) * h
-                                if gxy2 > lim * lim:
-                                    visit = False
-                                else:
-                                    zr = wp.sqrt(lim * lim - gxy2)
-                                    z0 = wp.max(z0, coord(q[2] - zr, geom[2], h, dz))
-                                    z1 = wp.min(z1, coord(q[2] + zr, geom[2], h, dz))
-                            if visit and z0 <= z1:
-                                for s in range(starts[base + z0], starts[base + z1 + 1]):
-                                    count = knn_consider(q, sorted_points, order, s, i, k, count, dist, idx)
-                        else:
-                            for cz in range(c0z - ring, c0z + ring + 1, wp.max(2 * ring, 1)):
-                                if cz >= 0 and cz < dz:
-                                    bz = axis_gap(q[2], geom[2], h, cz)
-                                    far = False
-                                    if count == k:
-                                        lim = dist[i, k - 1] * T(1.00001) + T(1e-6) * h
-                                        far = gxy2 + bz * bz > lim * lim
-                                    if not far:
-                                        for s in range(starts[base + cz], starts[base + cz + 1]):
-                                            count = knn_consider(q, sorted_points, order, s, i, k, count, dist, idx)
-                # Stop once the k-th distance is below the distance to any unvisited cell.
-                bound = inf
-                if c0x - ring > 0:
-                    bound = wp.min(bound, q[0] - (geom[0] + T(c0x - ring) * h))
-                if c0x + ring < dx - 1:
-                    bound = wp.min(bound, geom[0] + T(c0x + ring + 1) * h - q[0])
-                if c0y - ring > 0:
-                    bound = wp.min(bound, q[1] - (geom[1] + T(c0y - ring) * h))
-                if c0y + ring < dy - 1:
-                    bound = wp.min(bound, geom[1] + T(c0y + ring + 1) * h - q[1])
-                if c0z - ring > 0:
-                    bound = wp.min(bound, q[2] - (geom[2] + T(c0z - ring) * h))
-                if c0z + ring < dz - 1:
-                    bound = wp.min(bound, geom[2] + T(c0z + ring + 1) * h - q[2])
-                if bound == inf:
-                    break  # the whole grid has been visited
-                # The margin absorbs rounding in the cell assignment: never stop early on a tie.
-                if count == k and dist[i, k - 1] < bound - T(1e-5) * (wp.abs(bound) + h):
-                    break
-                ring += 1
+            stack[0] = 1
+            gaps[0] = T(0.0)
+            sp = 1
+        count = int(0)
+        kd = T(wp.inf)  # the k-th distance and index once the list is full
+        kj = wp.int64(-1)
+        bound = T(wp.inf)
+        while sp > 0:
+            sp -= 1
+            node = stack[sp]
+            if count == k:
+                # Skip a box no point of which can enter: certainly farther than the k-th, or
+                # at least as far with only larger indices (a tie goes to the smaller index).
+                g2 = gaps[sp]
+                if g2 > bound:
+                    continue
+                if bound < T(wp.inf):
+                    # In the normal range sqrt(g2) is a lower bound of every point's distance
+                    # (see norm): exact enough to settle a tie by index.
+                    if g2 >= T(1e-30) and wp.int64(min_index[node]) > kj and wp.sqrt(g2) >= kd:
+                        continue
+                elif box_distance(q, lo[node], hi[node]) > kd * T(1.00001):
+                    continue  # a k-th distance whose square overflows: compare with a margin
+            if node < leaves:
+                # The nearer child is searched first (pushed last).
+                a = 2 * node
+                da = box_gap2(q, lo[a], hi[a])
+                db = box_gap2(q, lo[a + 1], hi[a + 1])
+                if db < da or (db == da and min_index[a + 1] < min_index[a]):
+                    stack[sp] = a
+                    gaps[sp] = da
+                    stack[sp + 1] = a + 1
+                    gaps[sp + 1] = db
+                else:
+                    stack[sp] = a + 1
+                    gaps[sp] = db
+                    stack[sp + 1] = a
+                    gaps[sp + 1] = da
+                sp += 2
+            else:
+                for s in range(leaf_start(node - leaves, n, depth), leaf_start(node - leaves + 1, n, depth)):
+                    count = knn_consider(q, sorted_points, order, s, i, k, count, bound, dist, idx)
+                if count == k:
+                    kd = dist[i, k - 1]
+                    kj = idx[i, k - 1]
+                    bound = sq_bound(kd)
         if out.shape[0] > 0:
             aggregate_row(features, features4, dist, idx, sigma, i, out, out4)
 
@@ -654,7 +825,7 @@ def kernels(scalar: Any) -> Any:
             j = idx[i, n]
             if j >= wp.int64(0):
                 diff = q - ref[j]
-                d = wp.length(diff)
+                d = norm(diff)
                 if d > T(0.0):
                     v = diff * (grad[i, n] / d)
                     dq += v
@@ -705,7 +876,7 @@ def kernels(scalar: Any) -> Any:
                             wp.atomic_add(d_features, offset, j, f, p * grad[i, f])
                     if need_query != 0 or need_ref != 0:
                         diff = q - ref[j]
-                        d = wp.length(diff)
+                        d = norm(diff)
                         if d > T(0.0):
                             g_f = row_dot(grad, i, features, j, nf)
                             v = diff * (p * (g_out - g_f) / (sigma * d))
@@ -717,11 +888,10 @@ def kernels(scalar: Any) -> Any:
 
     return _Kernels(
         V=V,
-        grid_init=grid_init,
-        grid_bounds=grid_bounds,
-        grid_setup=grid_setup,
-        grid_assign=grid_assign,
-        grid_fill=grid_fill,
+        tree_init=tree_init,
+        tree_split=tree_split,
+        tree_subtrees=tree_subtrees,
+        tree_up=tree_up,
         radius_forward=radius_forward,
         radius_backward_query=radius_backward_query,
         radius_backward_ref=radius_backward_ref,

@@ -58,8 +58,8 @@ class _Radius(PyLayer):
     @staticmethod
     def forward(ctx, query, ref, features, radius, sigma):
         m, n, f = query.shape[0], ref.shape[0], features.shape[1]
-        out, stats, *grid = _run.radius_forward(_Fw(query), query, ref, features, m, n, f, radius, sigma)
-        ctx.save_for_backward(query, ref, features, out, stats, *grid)
+        out, stats, *tree = _run.radius_forward(_Fw(query), query, ref, features, m, n, f, radius, sigma)
+        ctx.save_for_backward(query, ref, features, out, stats, *tree)
         ctx.radius, ctx.sigma = radius, sigma
         ctx.needs = [not t.stop_gradient for t in (query, ref, features)]
         return out
@@ -67,7 +67,7 @@ class _Radius(PyLayer):
     @staticmethod
     def backward(ctx, grad):
         refuse_second_order("radius_aggregate")
-        query, ref, features, out, stats, *grid = ctx.saved_tensor()
+        query, ref, features, out, stats, *tree = ctx.saved_tensor()
         m, n, f = query.shape[0], ref.shape[0], features.shape[1]
         grads = _run.radius_backward(
             _Fw(query),
@@ -77,7 +77,7 @@ class _Radius(PyLayer):
             features,
             out,
             stats,
-            grid,
+            tree,
             m,
             n,
             f,

@@ -12,11 +12,9 @@ from typing import Any, Protocol
 
 import warp as wp
 
-from . import _core
+from . import _core, _kernels
 
-RADIUS_CELLS_PER_POINT = 8
-KNN_CELLS_PER_POINT = 2
-GRID_ARRAYS = 5  # order, sorted points, cell starts, geometry, dims
+TREE_ARRAYS = 5  # order, sorted points, box lo, box hi, min index
 STATS = 3  # per query: weight sum, nearest distance, neighbour count
 # The CPU radius backward records its neighbour pairs while they fit in this many per point
 # (beyond, e.g. a radius spanning the whole cloud, it searches from both sides instead).
@@ -37,31 +35,29 @@ class Framework(Protocol):
     def fold(self, slots: Any) -> Any: ...  # sum over the leading (slot) dim, in a fixed order
 
 
-def grid_shapes(n: int, cells_per_point: int, dtype: str) -> list[tuple[tuple, str]]:
-    cap = _core.grid_capacity(n, cells_per_point)
-    return [((n,), "int32"), ((n, 3), dtype), ((cap + 2,), "int32"), ((4,), dtype), ((3,), "int32")]
+def tree_shapes(n: int, dtype: str) -> list[tuple[tuple, str]]:
+    """Shapes and dtypes of the kd-tree's arrays over ``n`` points (see ``_kernels``)."""
+    nodes = _kernels.tree_nodes(n)
+    return [((n,), "int32"), ((n, 3), dtype), ((nodes, 3), dtype), ((nodes, 3), dtype), ((nodes,), "int32")]
 
 
-def grid(fw: Framework, points: Any, n: int, min_cell: float, cells_per_point: int) -> tuple:
-    cap = _core.grid_capacity(n, cells_per_point)
-    order, sorted_points, starts, geom, dims = (fw.empty(s, d) for s, d in grid_shapes(n, cells_per_point, fw.dtype))
-    lohi = fw.empty((2, 3), fw.dtype)
-    cell_of = fw.empty((n,), "int32")
-    counts = fw.zeros((cap + 2,), "int32")
-    cursor = fw.empty((cap + 2,), "int32")
+def tree(fw: Framework, points: Any, n: int) -> tuple:
+    """The kd-tree over ``points``, in arrays from ``fw`` (saved for the backward)."""
+    order, sorted_points, lo, hi, min_index = (fw.empty(s, d) for s, d in tree_shapes(n, fw.dtype))
     w = fw.warp
-    with wp.ScopedStream(fw.stream) if fw.stream is not None else wp.ScopedDevice(fw.device):
-        wp.launch(fw.kernels.grid_init, dim=1, inputs=[w(lohi, True)], device=fw.device)
-    _core.build_grid(
+    _core.build_tree(
         fw.kernels,
         w(points, True),
-        min_cell,
-        (w(lohi, True), w(cell_of), w(counts), w(cursor)),
-        (w(order), w(sorted_points, True), w(starts), w(geom), w(dims)),
+        (w(order), w(sorted_points, True), w(lo, True), w(hi, True), w(min_index)),
         fw.device,
         fw.stream,
     )
-    return order, sorted_points, starts, geom, dims
+    return order, sorted_points, lo, hi, min_index
+
+
+def _tree_args(w: Any, g: tuple) -> list:
+    order, sorted_points, lo, hi, min_index = g
+    return [w(order), w(sorted_points, True), w(lo, True), w(hi, True), w(min_index)]
 
 
 def _slots(fw: Framework, m: int) -> int:
@@ -75,12 +71,12 @@ def _slots(fw: Framework, m: int) -> int:
 def radius_forward(
     fw: Framework, query: Any, ref: Any, features: Any, m: int, n: int, f: int, radius: float, sigma: float
 ):
-    """(out (M, F), stats (M, 3): weight sum, nearest distance, neighbour count; *grid)"""
-    g = grid(fw, ref, n, radius, RADIUS_CELLS_PER_POINT)
+    """(out (M, F), stats (M, 3): weight sum, nearest distance, neighbour count; *tree)"""
+    g = tree(fw, ref, n)
     out = fw.empty((m, f), fw.dtype)
     stats = fw.empty((m, STATS), fw.dtype)
     w = fw.warp
-    before = [w(query, True), w(features), w(g[0]), w(g[1], True), w(g[2]), w(g[3]), w(g[4]), radius, sigma]
+    before = [w(query, True), w(features), *_tree_args(w, g), radius, sigma]
     _core.launch_queries(fw.kernels.radius_forward, m, _slots(fw, m), before, [w(out), w(stats)], fw.device, fw.stream)
     return (out, stats, *g)
 
@@ -101,7 +97,7 @@ def radius_backward(fw, grad, query, ref, features, out, stats, g, m, n, f, radi
     n_pairs, offsets = pairs if pairs is not None else (0, fw.empty((0,), "int32"))
     pq, pr = fw.empty((n_pairs,), "int32"), fw.empty((n_pairs,), "int32")
     pp, pc = fw.empty((n_pairs,), fw.dtype), fw.empty((n_pairs,), fw.dtype)
-    before = [w(query, True), w(features), w(g[0]), w(g[1], True), w(g[2]), w(g[3]), w(g[4])]
+    before = [w(query, True), w(features), *_tree_args(w, g)]
     before += [radius, sigma, w(out), w(stats), w(grad), int(needs[0]), int(needs[1]), w(offsets)]
     after = [w(g_out), w(dq, True), w(pq), w(pr), w(pp), w(pc)]
     _core.launch_queries(k.radius_backward_query, m, _slots(fw, m), before, after, fw.device, fw.stream)
@@ -114,9 +110,9 @@ def radius_backward(fw, grad, query, ref, features, out, stats, g, m, n, f, radi
         after = [w(dr, True), w(df)]
         _core.launch_queries(k.radius_backward_ref_pairs, n, _slots(fw, n), before, after, fw.device, fw.stream)
     elif needs[1] or needs[2]:
-        # The reference side gathers over the queries within the radius: a grid over them.
-        qg = grid(fw, query, m, radius, RADIUS_CELLS_PER_POINT)
-        before = [w(ref, True), w(features), w(qg[0]), w(qg[1], True), w(qg[2]), w(qg[3]), w(qg[4])]
+        # The reference side gathers over the queries within the radius: a tree over them.
+        qg = tree(fw, query, m)
+        before = [w(ref, True), w(features), *_tree_args(w, qg)]
         before += [radius, sigma, w(stats), w(grad), w(g_out), int(needs[1]), int(needs[2])]
         _core.launch_queries(
             k.radius_backward_ref, n, _slots(fw, n), before, [w(dr, True), w(df)], fw.device, fw.stream
@@ -142,7 +138,7 @@ def _pair_count(fw: Framework, stats: Any, m: int) -> tuple[int, Any]:
 def knn_forward(fw, query, ref, m, n, k, features=None, f=0, sigma=1.0):
     """(dist (M, k), idx (M, k) int64, out (M, F) or (0, 0)): the search, and the aggregation
     fused into it when ``features`` is given."""
-    g = grid(fw, ref, n, 0.0, KNN_CELLS_PER_POINT)
+    g = tree(fw, ref, n)
     dist = fw.empty((m, k), fw.dtype)
     idx = fw.empty((m, k), "int64")
     if features is None:
@@ -151,7 +147,7 @@ def knn_forward(fw, query, ref, m, n, k, features=None, f=0, sigma=1.0):
         out = fw.empty((m, f), fw.dtype)
     w = fw.warp
     wf, wo = w(features), w(out)
-    before = [w(query, True), w(g[0]), w(g[1], True), w(g[2]), w(g[3]), w(g[4]), k, wf, _groups_of_4(wf), sigma]
+    before = [w(query, True), *_tree_args(w, g), k, wf, _groups_of_4(wf), sigma]
     after = [w(dist), w(idx), wo, _groups_of_4(wo)]
     _core.launch_queries(fw.kernels.knn_search, m, _slots(fw, m), before, after, fw.device, fw.stream)
     return dist, idx, out

@@ -3,7 +3,7 @@ knn_aggregate}`` and their backward ops, around the shared runners in ``_run``.
 
 Eager calls and ``torch.compile`` go through the same registered ops: these kernels take
 milliseconds, so the ~10 us of custom-op dispatch does not matter, and one path means one
-set of semantics. The grid built in the forward is returned as extra (integer and geometry)
+set of semantics. The kd-tree built in the forward is returned as extra (index and box)
 outputs and saved for the backward: plain tensors, so no Python object crosses the op
 boundary and ``fullgraph=True`` traces forward and backward.
 """
@@ -66,8 +66,8 @@ class _Fw:
         return slots[0] if slots.shape[0] == 1 else slots.sum(0)  # a fixed order: deterministic
 
 
-def _fake_grid(ref: Tensor, cells_per_point: int) -> tuple[Tensor, ...]:
-    shapes = _run.grid_shapes(ref.shape[0], cells_per_point, _NAME[ref.dtype])
+def _fake_tree(ref: Tensor) -> tuple[Tensor, ...]:
+    shapes = _run.tree_shapes(ref.shape[0], _NAME[ref.dtype])
     return tuple(ref.new_empty(s, dtype=_TORCH[d]) for s, d in shapes)
 
 
@@ -93,8 +93,8 @@ def radius_aggregate_op(
 @radius_aggregate_op.register_fake
 def _(query, ref, features, radius, sigma):
     m = query.shape[0]
-    grid = _fake_grid(ref, _run.RADIUS_CELLS_PER_POINT)
-    return (query.new_empty((m, features.shape[1])), query.new_empty((m, _run.STATS)), *grid)
+    tree = _fake_tree(ref)
+    return (query.new_empty((m, features.shape[1])), query.new_empty((m, _run.STATS)), *tree)
 
 
 @torch.library.custom_op("warpbridge::radius_aggregate_backward", mutates_args=())
@@ -107,22 +107,22 @@ def radius_aggregate_backward_op(
     stats: Tensor,
     order: Tensor,
     sorted_points: Tensor,
-    starts: Tensor,
-    geom: Tensor,
-    dims: Tensor,
+    lo: Tensor,
+    hi: Tensor,
+    min_index: Tensor,
     radius: float,
     sigma: float,
     needs: list[bool],
 ) -> tuple[Tensor, Tensor, Tensor]:
     m, n, f = query.shape[0], ref.shape[0], features.shape[1]
-    grid = (order, sorted_points, starts, geom, dims)
+    tree = (order, sorted_points, lo, hi, min_index)
     return _run.radius_backward(
-        _Fw(query), grad.contiguous(), query, ref, features, out, stats, grid, m, n, f, radius, sigma, needs
+        _Fw(query), grad.contiguous(), query, ref, features, out, stats, tree, m, n, f, radius, sigma, needs
     )
 
 
 @radius_aggregate_backward_op.register_fake
-def _(grad, query, ref, features, out, stats, order, sorted_points, starts, geom, dims, radius, sigma, needs):
+def _(grad, query, ref, features, out, stats, order, sorted_points, lo, hi, min_index, radius, sigma, needs):
     return _needs_shapes(query.shape[0], ref.shape[0], features.shape[1], needs, query)
 
 
@@ -134,7 +134,7 @@ def _radius_setup(ctx, inputs, output):
 
 
 def _aux_outputs(ctx, aux):
-    # The saved state (stats, grid, dist/idx) gets no gradient. Without this, autograd would
+    # The saved state (stats, tree, dist/idx) gets no gradient. Without this, autograd would
     # fill zero gradients for it on every backward: a parallel fill that wakes PyTorch's
     # OpenMP threads, which then spin on the cores the backward kernels are about to use.
     ctx.mark_non_differentiable(*aux)
@@ -145,10 +145,10 @@ def _radius_backward(ctx, grad, *unused):
     _refuse_second_order("radius_aggregate")
     if grad is None:
         return None, None, None, None, None
-    query, ref, features, out, stats, *grid = ctx.saved_tensors
+    query, ref, features, out, stats, *tree = ctx.saved_tensors
     needs = list(ctx.needs_input_grad[:3])
     dq, dr, df = torch.ops.warpbridge.radius_aggregate_backward(
-        grad, query, ref, features, out, stats, *grid, ctx.radius, ctx.sigma, needs
+        grad, query, ref, features, out, stats, *tree, ctx.radius, ctx.sigma, needs
     )
     return (dq if needs[0] else None), (dr if needs[1] else None), (df if needs[2] else None), None, None
 
@@ -269,8 +269,8 @@ knn_aggregate_op.register_autograd(_knn_aggregate_backward, setup_context=_knn_a
 
 # -- torch.func (vmap over a batch of clouds, functional grad, jacrev) -----------------------
 # Under a transform the calls go through ``_func`` (see its docstring); batching is
-# sequential: each cloud gets its own grid, and clouds of one batch share the shapes, so the
-# saved grids stack like any output.
+# sequential: each cloud gets its own tree, and clouds of one batch share the shapes, so the
+# saved trees stack like any output.
 
 
 class _PointRule(_func.Rule):

@@ -1,0 +1,274 @@
+"""Neighbour search on point clouds shaped like real data: warpbridge against SciPy's cKDTree
+and pykdtree, side by side in one process.
+
+Reference clouds (N points) and queries near them (N / 5 points: reference points moved by
+about one point spacing) for eight distributions: uniform cube, Gaussian blob, sphere surface
+(a scan), LiDAR-like rings with 20 far returns, 20 tight clusters, a Gaussian with one far
+outlier, points along a line, and duplicated points (every point 50 times). Every tool
+rebuilds its structure in every call, because the reference cloud changes every training step.
+
+- kNN, k = 7: ``wb.ops.knn`` against ``cKDTree(r).query(q, 7, workers=-1)`` and
+  ``pykdtree.KDTree(r).query(q, 7)`` (OpenMP). Distances are checked against cKDTree's.
+- Radius aggregation, F = 16: ``wb.ops.radius_aggregate`` against cKDTree's
+  ``query_ball_point(workers=-1)`` plus the same weighted mean in PyTorch (index_add). The
+  radius is the median distance to the 32nd neighbour, so every distribution does similar
+  work per query; sigma = radius / 2. Outputs are checked against each other.
+
+Float32, PyTorch's default threads, medians of per-call wall times after one warm-up call.
+
+Usage: python benchmarks/distributions.py [--sizes 10000,100000,1000000] [--quick]
+       -> table + benchmarks/results/distributions-<machine>.json (+ .png chart)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import date
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import warpbridge as wb  # noqa: E402
+from warpbridge._measure import median_ms  # noqa: E402
+
+K = 7
+F = 16
+NEIGHBOURS = 32  # the radius is the median distance to this neighbour
+
+
+# -- distributions ---------------------------------------------------------------------------
+
+
+def _gauss(g, n):
+    return g.standard_normal((n, 3))
+
+
+def _uniform(g, n):
+    return g.uniform(-1, 1, (n, 3))
+
+
+def _sphere(g, n):
+    p = g.standard_normal((n, 3))
+    return p / np.linalg.norm(p, axis=1, keepdims=True)
+
+
+def _lidar(g, n):
+    # 32 beams at elevations -25..+3 deg, ranges 2..60 m along each ring, plus 20 far returns.
+    beams = np.deg2rad(np.linspace(-25, 3, 32))
+    m = n - 20
+    el = beams[g.integers(0, 32, m)] + g.normal(0, 1e-3, m)
+    az = g.uniform(0, 2 * np.pi, m)
+    rng = 1.8 / np.maximum(np.abs(np.sin(el)), 0.03) * (1 + 0.05 * g.standard_normal(m))
+    rng = np.clip(rng, 2, 60)
+    pts = np.stack([rng * np.cos(el) * np.cos(az), rng * np.cos(el) * np.sin(az), rng * np.sin(el)], 1)
+    far = g.standard_normal((20, 3))
+    far = far / np.linalg.norm(far, axis=1, keepdims=True) * g.uniform(1e3, 1e4, (20, 1))
+    return np.concatenate([pts, far])
+
+
+def _clusters(g, n):
+    centres = g.uniform(-10, 10, (20, 3))
+    return centres[g.integers(0, 20, n)] + 0.01 * g.standard_normal((n, 3))
+
+
+def _outlier(g, n):
+    p = g.standard_normal((n, 3))
+    p[n // 2] = (1e6, -1e6, 1e6)
+    return p
+
+
+def _line(g, n):
+    t = g.uniform(0, 100, n)
+    return np.stack([t, 0.5 * t, -t], 1) + 1e-3 * g.standard_normal((n, 3))
+
+
+def _duplicates(g, n):
+    base = g.standard_normal((-(-n // 50), 3))
+    return np.repeat(base, 50, axis=0)[:n]
+
+
+DISTRIBUTIONS = {
+    "uniform": _uniform,
+    "gaussian": _gauss,
+    "sphere surface": _sphere,
+    "lidar rings + 20 far": _lidar,
+    "20 tight clusters": _clusters,
+    "one far outlier": _outlier,
+    "points along a line": _line,
+    "duplicated points": _duplicates,
+}
+
+
+def make(name: str, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    g = np.random.default_rng(seed)
+    r = DISTRIBUTIONS[name](g, n).astype(np.float32)
+    from scipy.spatial import cKDTree
+
+    m = max(1, n // 5)
+    # Queries sit about one point spacing (the median distance to the nearest other point,
+    # over distinct points) away from a reference point.
+    d, _ = cKDTree(r).query(r[g.integers(0, n, min(n, 2000))], 60)
+    spacing = float(np.median([row[row > 0][0] if (row > 0).any() else 0.0 for row in d]))
+    q = r[g.integers(0, n, m)] + (spacing * g.standard_normal((m, 3))).astype(np.float32)
+    return r, q.astype(np.float32)
+
+
+# -- peers -----------------------------------------------------------------------------------
+
+
+def ckdtree_knn(q, r):
+    from scipy.spatial import cKDTree
+
+    return cKDTree(r).query(q, K, workers=-1)
+
+
+def pykdtree_knn(q, r):
+    from pykdtree.kdtree import KDTree
+
+    return KDTree(r).query(q, K)
+
+
+def ckdtree_radius(q, r, f, radius, sigma):
+    """cKDTree's ball query, then the same shifted weighted mean as warpbridge, in PyTorch."""
+    from scipy.spatial import cKDTree
+
+    lists = cKDTree(r).query_ball_point(q, radius, workers=-1, return_sorted=False)
+    counts = torch.from_numpy(np.fromiter((len(x) for x in lists), np.int64, len(lists)))
+    j = torch.from_numpy(np.concatenate(lists).astype(np.int64)) if counts.sum() else torch.zeros(0, dtype=torch.int64)
+    i = torch.repeat_interleave(torch.arange(len(lists)), counts)
+    qt, rt = torch.from_numpy(q), torch.from_numpy(r)
+    d = (qt[i] - rt[j]).norm(dim=1)
+    nearest = torch.full((len(q),), float("inf")).scatter_reduce(0, i, d, "amin")
+    w = torch.exp((nearest[i] - d) / sigma)
+    total = torch.zeros(len(q)).index_add_(0, i, w)
+    out = torch.zeros(len(q), f.shape[1]).index_add_(0, i, w[:, None] * f[j])
+    return out / torch.where(total > 0, total, torch.ones_like(total))[:, None]
+
+
+def available(module: str) -> bool:
+    try:
+        __import__(module)
+        return True
+    except ImportError:
+        return False
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+def run_one(name: str, n: int, repeat: int) -> dict:
+    from scipy.spatial import cKDTree
+
+    r, q = make(name, n)
+    qt, rt = torch.from_numpy(q), torch.from_numpy(r)
+    f = torch.randn(n, F, generator=torch.Generator().manual_seed(1))
+    ref_d, _ = cKDTree(r).query(q, NEIGHBOURS, workers=-1)
+    radius = float(np.median(ref_d[:, -1]))
+    sigma = radius / 2
+    row: dict = {"distribution": name, "n": n, "m": len(q), "radius": radius}
+
+    # correctness first: distances against cKDTree, aggregations against each other
+    d_ours, _ = wb.ops.knn(qt, rt, K)
+    d_ck, _ = ckdtree_knn(q, r)
+    row["knn_max_abs_err"] = float(np.abs(d_ours.numpy() - d_ck).max())
+    out = wb.ops.radius_aggregate(qt, rt, f, radius, sigma)
+    row["radius_max_abs_err"] = float((out - ckdtree_radius(q, r, f, radius, sigma)).abs().max())
+
+    t = {}
+    t["knn warpbridge"] = median_ms(lambda: wb.ops.knn(qt, rt, K), "cpu", repeat)
+    t["knn cKDTree"] = median_ms(lambda: ckdtree_knn(q, r), "cpu", repeat)
+    if available("pykdtree"):
+        t["knn pykdtree"] = median_ms(lambda: pykdtree_knn(q, r), "cpu", repeat)
+    t["radius warpbridge"] = median_ms(lambda: wb.ops.radius_aggregate(qt, rt, f, radius, sigma), "cpu", repeat)
+    t["radius cKDTree + torch"] = median_ms(lambda: ckdtree_radius(q, r, f, radius, sigma), "cpu", repeat)
+    row["ms"] = t
+    peers = [v for k, v in t.items() if k.startswith("knn ") and "warpbridge" not in k]
+    row["knn_vs_best_peer"] = min(peers) / t["knn warpbridge"]
+    row["radius_vs_best_peer"] = t["radius cKDTree + torch"] / t["radius warpbridge"]
+    return row
+
+
+def chart(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted({r["n"] for r in rows})
+    n = sizes[-1] if len(sizes) == 1 else sorted(sizes)[len(sizes) // 2]
+    sel = [r for r in rows if r["n"] == n]
+    names = [r["distribution"] for r in sel]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for ax, op in zip(axes, ("knn", "radius")):
+        keys = [k for k in sel[0]["ms"] if k.startswith(op + " ")]
+        x = np.arange(len(names))
+        for i, k in enumerate(keys):
+            ax.bar(
+                x + (i - (len(keys) - 1) / 2) * 0.8 / len(keys),
+                [r["ms"][k] for r in sel],
+                0.8 / len(keys),
+                label=k[len(op) + 1 :],
+            )
+        ax.set_xticks(x, names, rotation=30, ha="right")
+        ax.set_yscale("log")
+        ax.set_ylabel("ms per call (log)")
+        ax.set_title(f"{'kNN, k = 7' if op == 'knn' else 'radius aggregation, F = 16'}: N = {n:,}, M = {n // 5:,}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="10000,100000,1000000")
+    p.add_argument("--only", default=None, help="comma-separated distribution names")
+    p.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = p.parse_args()
+    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    names = args.only.split(",") if args.only else list(DISTRIBUTIONS)
+    rows = []
+    print(
+        f"{'distribution':24s} {'N':>9s} | {'knn: ours':>10s} {'cKDTree':>9s} {'pykdtree':>9s} {'x best':>7s} | "
+        f"{'radius: ours':>12s} {'cKDTree+torch':>13s} {'x':>6s}"
+    )
+    t0 = time.perf_counter()
+    for n in sizes:
+        repeat = 3 if args.quick else max(3, min(15, int(3e6 // n)))
+        for name in names:
+            row = run_one(name, n, repeat)
+            rows.append(row)
+            t = row["ms"]
+            print(
+                f"{name:24s} {n:9,d} | {t['knn warpbridge']:10.1f} {t['knn cKDTree']:9.1f} "
+                f"{t.get('knn pykdtree', float('nan')):9.1f} {row['knn_vs_best_peer']:6.2f}x | "
+                f"{t['radius warpbridge']:12.1f} {t['radius cKDTree + torch']:13.1f} {row['radius_vs_best_peer']:5.1f}x",
+                flush=True,
+            )
+    os.makedirs(args.out, exist_ok=True)
+    machine = f"{platform.machine()}-{os.cpu_count()}cpu"
+    meta = {
+        "date": date.today().isoformat(),
+        "device": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    path = os.path.join(args.out, f"distributions-{machine}.json")
+    with open(path, "w") as fh:
+        json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+    chart(rows, path[:-5] + ".png")
+    print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()

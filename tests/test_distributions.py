@@ -1,0 +1,106 @@
+"""The neighbour ops on point clouds shaped like real data (the distributions of
+``benchmarks/distributions.py``): exact against dense float64 references, gradients included,
+and in bounded time on the inputs that used to blow up a bounding-box grid."""
+
+import importlib.util
+import os
+import time
+
+import points_reference as ref_ops
+import pytest
+import torch
+
+import warpbridge as wb
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+_spec = importlib.util.spec_from_file_location("distributions", os.path.join(ROOT, "benchmarks", "distributions.py"))
+D = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(D)
+
+NAMES = list(D.DISTRIBUTIONS)
+
+
+def cloud(name, n=3000, seed=0):
+    r, q = D.make(name, n, seed)
+    return torch.from_numpy(r).double(), torch.from_numpy(q).double()
+
+
+def dense_knn(q, r, k):
+    d = torch.cdist(q, r)
+    idx = torch.sort(d, dim=1, stable=True).indices[:, :k]
+    return idx
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_knn_is_exact(name):
+    r, q = cloud(name)
+    dist, idx = wb.ops.knn(q, r, 7)
+    ref_idx = dense_knn(q, r, 7)
+    # The same neighbours in the same order; exact ties (duplicated points) go to the smaller index.
+    assert torch.equal(idx, ref_idx)
+    torch.testing.assert_close(dist, (q[:, None] - r[ref_idx]).norm(dim=-1), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_aggregations_and_gradients_are_exact(name):
+    r, q = cloud(name, n=1500, seed=1)
+    f = torch.randn(len(r), 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    d = torch.cdist(q, r)
+    radius = float(torch.kthvalue(d, 16, dim=1).values.median())  # ~16 neighbours per query
+    sigma = radius / 2
+    # keep queries off the cut-off, where the dense formula's mask would be ambiguous
+    keep = ((d - radius).abs() > 1e-9 * max(radius, 1.0)).all(1)
+    q = q[keep]
+    for op, dense in (
+        (
+            lambda a, b, c: wb.ops.radius_aggregate(a, b, c, radius, sigma),
+            lambda a, b, c: ref_ops.radius_aggregate(a, b, c, radius, sigma),
+        ),
+        (
+            lambda a, b, c: wb.ops.knn_aggregate(a, b, c, 5, sigma),
+            lambda a, b, c: ref_ops.knn_aggregate(a, b, c, 5, sigma),
+        ),
+    ):
+        ours = [t.clone().requires_grad_() for t in (q, r, f)]
+        theirs = [t.clone().requires_grad_() for t in (q, r, f)]
+        out, want = op(*ours), dense(*theirs)
+        torch.testing.assert_close(out, want)
+        g = torch.randn_like(want)
+        for a, b in zip(torch.autograd.grad(out, ours, g), torch.autograd.grad(want, theirs, g)):
+            torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize(
+    "name", ["one far outlier", "points along a line", "lidar rings + 20 far", "duplicated points"]
+)
+def test_bounded_time_where_a_grid_blew_up(name):
+    """100,000 points, 20,000 queries: seconds to minutes on the old bounding-box grid; a
+    kd-tree has the same depth on any data. Generous limit (a loaded CI machine), far below
+    the old times (2 s to 123 s)."""
+    r, q = (torch.from_numpy(a) for a in D.make(name, 100_000))
+    f = torch.randn(len(r), 8)
+    wb.ops.knn(q[:100], r, 7)  # compile outside the clock
+    t = time.perf_counter()
+    wb.ops.knn(q, r, 7)
+    wb.ops.radius_aggregate(q, r, f, float(torch.cdist(q[:200], r).kthvalue(32, dim=1).values.median()), 0.1)
+    assert time.perf_counter() - t < 1.5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_huge_and_tiny_coordinates(dtype):
+    """Coordinates near 1e30 (their squares overflow float32) and near 1e-30: the same
+    neighbours and distances as the cloud at unit scale, scaled."""
+    g = torch.Generator().manual_seed(3)
+    r = torch.randn(400, 3, generator=g, dtype=torch.float64)
+    q = torch.randn(60, 3, generator=g, dtype=torch.float64)
+    f = torch.randn(400, 2, generator=g, dtype=torch.float64)
+    d0, i0 = wb.ops.knn(q, r, 5)
+    out0 = wb.ops.radius_aggregate(q, r, f, 0.5, 0.3)
+    for scale in (1e30, 1e-30):
+        s = torch.tensor(scale, dtype=torch.float64)
+        qs, rs = (q * s).to(dtype), (r * s).to(dtype)
+        d, i = wb.ops.knn(qs, rs, 5)
+        assert torch.equal(i, i0)
+        torch.testing.assert_close(d.double() / s, d0, rtol=1e-5, atol=0)
+        out = wb.ops.radius_aggregate(qs, rs, f.to(dtype), 0.5 * scale, 0.3 * scale)
+        torch.testing.assert_close(out.double(), out0, rtol=1e-4, atol=1e-5)
