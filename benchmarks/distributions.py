@@ -16,8 +16,15 @@ rebuilds its structure in every call, because the reference cloud changes every 
 
 Float32, PyTorch's default threads, medians of per-call wall times after one warm-up call.
 
+Scale (--scale): warpbridge alone on the uniform and LiDAR clouds from 10^4 to 10^7 reference
+points with N / 10 queries, kNN and radius aggregation (F = 16, forward and backward), with
+the peak memory each call adds (peak RSS above the level before it). The output is not counted:
+the table shows the search structure's and the scratch's memory per reference point.
+
 Usage: python benchmarks/distributions.py [--sizes 10000,100000,1000000] [--quick]
        -> table + benchmarks/results/distributions-<machine>.json (+ .png chart)
+       python benchmarks/distributions.py --scale [--sizes 10000,...,10000000]
+       -> table + benchmarks/results/scale-<machine>.json
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import warpbridge as wb  # noqa: E402
-from warpbridge._measure import median_ms  # noqa: E402
+from warpbridge._measure import median_ms, peak_mib  # noqa: E402
 
 K = 7
 F = 16
@@ -196,6 +203,52 @@ def run_one(name: str, n: int, repeat: int) -> dict:
     return row
 
 
+def scale_one(name: str, n: int) -> dict:
+    g = np.random.default_rng(0)
+    r = torch.from_numpy(DISTRIBUTIONS[name](g, n).astype(np.float32))
+    q = r[torch.from_numpy(g.integers(0, n, n // 10))] + 0.01 * torch.randn(n // 10, 3)
+    f = torch.randn(n, F)
+    radius = float(wb.ops.knn(q[:256], r, NEIGHBOURS)[0][:, -1].median())
+    row: dict = {"distribution": name, "n": n, "m": n // 10, "radius": radius}
+    wb.ops.knn(q[:10], r[:100], K)
+    t = time.perf_counter()
+    row["knn_peak_mib"] = peak_mib(lambda: wb.ops.knn(q, r, K), "cpu")
+    row["knn_s"] = time.perf_counter() - t
+    qg, rg, fg = (x.clone().requires_grad_() for x in (q, r, f))
+
+    def step():
+        out = wb.ops.radius_aggregate(qg, rg, fg, radius, radius / 2)
+        out.backward(torch.ones_like(out))
+
+    t = time.perf_counter()
+    row["radius_step_peak_mib"] = peak_mib(step, "cpu")
+    row["radius_step_s"] = time.perf_counter() - t
+    row["knn_bytes_per_point"] = row["knn_peak_mib"] * 2**20 / n
+    return row
+
+
+def scale(sizes: list[int], out_dir: str) -> None:
+    rows = []
+    print(
+        f"{'distribution':22s} {'N':>11s} {'M':>10s} | {'knn s':>7s} {'peak MiB':>9s} | {'radius step s':>13s} {'peak MiB':>9s}"
+    )
+    for name in ("uniform", "lidar rings + 20 far"):
+        for n in sizes:
+            row = scale_one(name, n)
+            rows.append(row)
+            print(
+                f"{name:22s} {n:11,d} {n // 10:10,d} | {row['knn_s']:7.2f} {row['knn_peak_mib']:9.1f} | "
+                f"{row['radius_step_s']:13.2f} {row['radius_step_peak_mib']:9.1f}",
+                flush=True,
+            )
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"scale-{platform.machine()}-{os.cpu_count()}cpu.json")
+    meta = {"date": date.today().isoformat(), "device": platform.machine(), "cpu_count": os.cpu_count()}
+    with open(path, "w") as fh:
+        json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+    print(f"-> {path}")
+
+
 def chart(rows: list[dict], path: str) -> None:
     import matplotlib
 
@@ -231,8 +284,16 @@ def main() -> None:
     p.add_argument("--sizes", default="10000,100000,1000000")
     p.add_argument("--only", default=None, help="comma-separated distribution names")
     p.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+    p.add_argument("--scale", action="store_true", help="warpbridge alone, 10^4 to 10^7 points: time and memory")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     args = p.parse_args()
+    if args.scale:
+        default = "10000,100000,1000000,10000000"
+        scale(
+            [int(float(s)) for s in (default if args.sizes == p.get_default("sizes") else args.sizes).split(",")],
+            args.out,
+        )
+        return
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     names = args.only.split(",") if args.only else list(DISTRIBUTIONS)
     rows = []

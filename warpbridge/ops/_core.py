@@ -158,6 +158,8 @@ def kernels_for(dtype_name: str, device: Any) -> Any:
         return _kernels.kernels(wp.float32 if dtype_name == "float32" else wp.float64)
     with _plan.LOAD_LOCK:
         k = _kernels.kernels(wp.float32 if dtype_name == "float32" else wp.float64)
-        k.tree_init.module.load(device)
+        # as a launch loads it (block_dim 1 on the CPU): Module.load's default block_dim is
+        # another variant, compiled a second time for nothing
+        wp.load_module(k.tree_init.module, device=device)
         _LOADED.add(key)
     return k

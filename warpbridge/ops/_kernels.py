@@ -324,8 +324,10 @@ def kernels(scalar: Any) -> Any:
                     for si in range(SAMPLE):
                         t = left + (span * si) // (SAMPLE - 1)
                         v = pts[t][axis]
+                        vi = order[t]
                         sj = si
-                        while sj > 0 and keys[sj - 1] > v:
+                        # sorted as the partition compares: (coordinate, original index)
+                        while sj > 0 and (keys[sj - 1] > v or (keys[sj - 1] == v and order[at[sj - 1]] > vi)):
                             keys[sj] = keys[sj - 1]
                             at[sj] = at[sj - 1]
                             sj -= 1
@@ -755,46 +757,50 @@ def kernels(scalar: Any) -> Any:
         stack = Stack()
         gaps = StackD()  # squared distances to the stacked boxes
         sp = int(0)
+        node = int(0)  # the node to visit next; 0: pop one
+        g2 = T(0.0)  # its squared distance
         if finite(q):
-            stack[0] = 1
-            gaps[0] = T(0.0)
-            sp = 1
+            node = 1
         count = int(0)
         kd = T(wp.inf)  # the k-th distance and index once the list is full
         kj = wp.int64(-1)
         bound = T(wp.inf)
-        while sp > 0:
-            sp -= 1
-            node = stack[sp]
+        while node > 0 or sp > 0:
+            if node == 0:
+                sp -= 1
+                node = stack[sp]
+                g2 = gaps[sp]
             if count == k:
                 # Skip a box no point of which can enter: certainly farther than the k-th, or
                 # at least as far with only larger indices (a tie goes to the smaller index).
-                g2 = gaps[sp]
-                if g2 > bound:
+                skip = g2 > bound
+                if not skip:
+                    if bound < T(wp.inf):
+                        # In the normal range sqrt(g2) is a lower bound of every point's
+                        # distance (see norm): exact enough to settle a tie by index.
+                        skip = g2 >= T(1e-30) and wp.int64(min_index[node]) > kj and wp.sqrt(g2) >= kd
+                    else:
+                        # a k-th distance whose square overflows: compare with a margin
+                        skip = box_distance(q, lo[node], hi[node]) > kd * T(1.00001)
+                if skip:
+                    node = 0
                     continue
-                if bound < T(wp.inf):
-                    # In the normal range sqrt(g2) is a lower bound of every point's distance
-                    # (see norm): exact enough to settle a tie by index.
-                    if g2 >= T(1e-30) and wp.int64(min_index[node]) > kj and wp.sqrt(g2) >= kd:
-                        continue
-                elif box_distance(q, lo[node], hi[node]) > kd * T(1.00001):
-                    continue  # a k-th distance whose square overflows: compare with a margin
             if node < leaves:
-                # The nearer child is searched first (pushed last).
+                # Go on to the nearer child; the other waits on the stack.
                 a = 2 * node
                 da = box_gap2(q, lo[a], hi[a])
                 db = box_gap2(q, lo[a + 1], hi[a + 1])
                 if db < da or (db == da and min_index[a + 1] < min_index[a]):
                     stack[sp] = a
                     gaps[sp] = da
-                    stack[sp + 1] = a + 1
-                    gaps[sp + 1] = db
+                    node = a + 1
+                    g2 = db
                 else:
                     stack[sp] = a + 1
                     gaps[sp] = db
-                    stack[sp + 1] = a
-                    gaps[sp + 1] = da
-                sp += 2
+                    node = a
+                    g2 = da
+                sp += 1
             else:
                 for s in range(leaf_start(node - leaves, n, depth), leaf_start(node - leaves + 1, n, depth)):
                     count = knn_consider(q, sorted_points, order, s, i, k, count, bound, dist, idx)
@@ -802,6 +808,7 @@ def kernels(scalar: Any) -> Any:
                     kd = dist[i, k - 1]
                     kj = idx[i, k - 1]
                     bound = sq_bound(kd)
+                node = 0
         if out.shape[0] > 0:
             aggregate_row(features, features4, dist, idx, sigma, i, out, out4)
 
