@@ -1,7 +1,8 @@
 """Differentiable neighbour ops on point clouds: radius and kNN aggregation, and kNN itself.
 
-Each op builds a dense uniform grid over the reference points inside the call, searches it
-with Warp kernels, keeps it for the backward, and differentiates with hand-written adjoints
+Each op builds a balanced kd-tree over the reference points inside the call (median splits:
+the same depth on any data, outliers and clusters included), searches it with Warp kernels,
+keeps it for the backward, and differentiates with hand-written adjoints
 (exact for features, query points and reference points). No neighbour cap, no truncation,
 no dense (M, N) intermediate. Deterministic on the CPU, where queries are split over
 threads (:func:`set_num_threads`).

@@ -41,6 +41,7 @@ class _Fw:
         self.device = warp_device(like.device)
         self.kernels = _core.kernels_for(self.dtype, self.device)
         self.stream = warp_stream(like.device)
+        self._views: dict = {}
 
     def empty(self, shape: tuple, dtype: str) -> Tensor:
         return torch.empty(shape, dtype=_TORCH[dtype], device=self.torch_device)
@@ -56,10 +57,16 @@ class _Fw:
             t.zero_()
         return t
 
-    @staticmethod
-    def warp(a: Tensor, vec3: bool = False) -> wp.array:
-        # requires_grad=False: from_torch would otherwise allocate a.grad (and sync on CUDA).
-        return wp.from_torch(a.detach(), dtype=_VEC[a.dtype] if vec3 else None, requires_grad=False)
+    def warp(self, a: Tensor, vec3: bool = False) -> wp.array:
+        # One view per tensor and call: the runners pass the tree's arrays to several launches.
+        key = (id(a), vec3)
+        view = self._views.get(key)
+        if view is None:
+            # requires_grad=False: from_torch would otherwise allocate a.grad (and sync on CUDA).
+            view = wp.from_torch(a.detach(), dtype=_VEC[a.dtype] if vec3 else None, requires_grad=False)
+            self._views[key] = (view, a)  # the tensor is kept alive, so its id stays unique
+            return view
+        return view[0]
 
     @staticmethod
     def fold(slots: Tensor) -> Tensor:
