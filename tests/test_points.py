@@ -2,6 +2,7 @@
 determinism, autograd invariants, torch.compile and bad input."""
 
 import math
+import os
 
 import points_reference as ref_ops
 import pytest
@@ -325,6 +326,55 @@ def test_threads_agree_and_results_are_deterministic():
         for x, y, z in zip(xs, ys, zs):
             assert torch.equal(y, z)  # bitwise deterministic run to run
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+
+
+def _two_thread_results(ins):
+    wb.ops.set_num_threads(2)
+    try:
+        outs = []
+        for fn in (lambda: wb.ops.radius_aggregate(*ins, 0.3, 0.1), lambda: wb.ops.knn_aggregate(*ins, 6, 0.1)):
+            out = fn()
+            outs += [out.detach(), *torch.autograd.grad(out.square().sum(), ins)]
+        return outs
+    finally:
+        wb.ops.set_num_threads(None)
+
+
+def test_openmp_workers_and_own_pool_give_the_same_bits(monkeypatch):
+    """With PyTorch's GNU OpenMP loaded, the op's CPU threads are PyTorch's own workers (no
+    contention with their spinning); without it, a pool of our own. Same results, bitwise."""
+    assert _core._gomp() is not None  # the Linux CPU build of torch ships libgomp
+    q, r, f = clouds(3000, 2000, 4, torch.float32, seed=15)
+    ins = [t.clone().requires_grad_() for t in (q, r, f)]
+    with_omp = _two_thread_results(ins)
+    monkeypatch.setattr(_core, "_GOMP", [None, os.getpid()])
+    own_pool = _two_thread_results(ins)
+    for a, b in zip(with_omp, own_pool):
+        assert torch.equal(a, b)
+
+
+def _child(conn):
+    q, r, f = clouds(3000, 2000, 4, torch.float32, seed=15)
+    conn.send([float(t.sum()) for t in _two_thread_results([t.clone().requires_grad_() for t in (q, r, f)])])
+
+
+def test_forked_child_does_not_hang():
+    """libgomp's and a thread pool's threads do not survive fork(): a child of a process that
+    already ran the ops on two threads must not wait for them (DataLoader workers fork)."""
+    import multiprocessing
+
+    q, r, f = clouds(3000, 2000, 4, torch.float32, seed=15)
+    want = [float(t.sum()) for t in _two_thread_results([t.clone().requires_grad_() for t in (q, r, f)])]
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_child, args=(child,))
+    p.start()
+    p.join(120)
+    if p.is_alive():
+        p.kill()
+        pytest.fail("the forked child hung")
+    assert p.exitcode == 0
+    assert parent.recv() == want
 
 
 def test_non_finite_points_are_nobodys_neighbours():
