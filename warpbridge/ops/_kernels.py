@@ -10,18 +10,20 @@ against float64 references in ``tests/test_points.py``. No kernel here has a War
 The search structure is a balanced kd-tree with an implicit layout, so that its size and
 shape follow from the point count alone (no host synchronisation on CUDA, and the adapters
 can allocate it up front). Node ``1`` is the root, node ``c`` has children ``2c`` and
-``2c + 1``, and the ``2**depth`` leaves hold 4 to 8 points each. A node at level ``l`` holds the
-points ``[floor(i N / 2**l), floor((i + 1) N / 2**l))`` of the permuted point array: every
-split is a median split (quickselect) along the widest axis of the node's box, so the tree's
-depth is ``log2(N / 8)`` on any data. Outliers, clusters, surfaces and lines only change the
-boxes, never the depth or the memory. Each node keeps the exact bounding box of its points and
-the smallest original index among them.
+``2c + 1``, and the ``2**depth`` leaves hold 8 to 16 points each. A node at level ``l``
+holds the points ``[floor(i N / 2**l), floor((i + 1) N / 2**l))`` of the permuted point
+array: every split is a median split (quickselect) along the widest axis of a sample of the
+node's points, so the tree's depth is ``log2(N / 16)`` on any data. Outliers, clusters,
+surfaces and lines only change the boxes, never the depth or the memory. Each node keeps the
+exact bounding box of its points and the smallest original index among them.
 
 Searches are depth-first with an explicit stack. A node is skipped only when no point in it
-can matter: the distance to its box is computed with the same operations as a point distance,
-so it never exceeds the distance to any point inside (rounding is monotone). For kNN, a box at
-exactly the current k-th distance is also skipped when all its indices are larger than the
-k-th's (ties go to the smaller index), which keeps duplicated points fast.
+can matter: its squared distance is certainly beyond the bound (a relative margin covers the
+rounding of squares, so no square root is needed), or, for kNN, its distance is exactly at
+the k-th and all its indices are larger (ties go to the smaller index, which keeps duplicated
+points fast); in the normal range sqrt(dot(g, g)) of a box gap never exceeds that of a point
+difference inside (rounding is monotone). Distances whose squares over- or underflow are
+computed scaled (``norm``).
 
 Points that are not finite are stored as (+inf, +inf, +inf): they sort to the end and are
 nobody's neighbour.
