@@ -34,6 +34,10 @@ def test_demo_quick_end_to_end(tmp_path):
         for name in ("torch.compile", "warpbridge"):
             assert rows[name]["losses"] == pytest.approx(rows["torch"]["losses"], rel=1e-4)
     assert "| warpbridge    |" in p.stdout
+    # Warp's banner, module-load lines and the no-CUDA-driver warning would cut through the
+    # progress bar: the demo keeps them quiet
+    for noise in ("Module ", "Warp 1.", "CUDA driver"):
+        assert noise not in p.stdout + p.stderr, noise
 
 
 def test_doctor():

@@ -88,8 +88,40 @@ def demo(args: argparse.Namespace) -> int:
         return 1
     from . import _demo
 
+    quiet_warp(keep_cuda_warning=args.device == "cuda")
     _demo.run(args.device, args.quick, args.out, progress=not args.no_progress)
     return 0
+
+
+_NO_DRIVER = b"Could not find or load the NVIDIA CUDA driver"
+
+
+def quiet_warp(keep_cuda_warning: bool = False) -> None:
+    """Initialise Warp without its banner, its per-module load lines and (on a CPU-only run)
+    the native warning that no CUDA driver is present: they would cut through the progress
+    bar. Anything else Warp's native code writes to stderr while initialising is passed on."""
+    import tempfile
+
+    import warp as wp
+
+    from ._plan import ensure_init
+
+    wp.config.log_level = wp.LOG_WARNING
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            ensure_init()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        lines = tmp.read().splitlines(keepends=True)
+    kept = b"".join(x for x in lines if keep_cuda_warning or _NO_DRIVER not in x)
+    if kept:
+        sys.stderr.buffer.write(kept)
+        sys.stderr.flush()
 
 
 def _benchmarks_dir() -> Path | None:
