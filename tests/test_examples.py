@@ -109,3 +109,10 @@ def test_custom_backward_example_refuses_checks_and_trains(capsys):
     assert result["value_err"] < 1e-10 and result["grad_err"] < 1e-8
     assert result["losses"][-1] < 0.05 * result["losses"][0]
     assert "check_op: ok" in capsys.readouterr().out
+
+
+def test_point_cloud_bf16_example_trains_like_float32(capsys):
+    bf16, fp32 = load("point_cloud_bf16").main(steps=25)
+    assert bf16[-1] < 0.7 * bf16[0]
+    assert abs(bf16[-1] - fp32[-1]) <= 0.1 * fp32[-1]  # bfloat16 follows the float32 run
+    assert "loss, bfloat16" in capsys.readouterr().out

@@ -85,3 +85,41 @@ def test_mixed_frameworks_are_refused():
     q, r, f = data()
     with pytest.raises(WarpBridgeError, match="all arrays must come from one framework, got torch and jax"):
         wb.ops.radius_aggregate(torch.tensor(q), jax.numpy.asarray(r), torch.tensor(f), 0.5, 0.1)
+
+
+@pytest.mark.parametrize("framework", ["jax", "paddle"])
+def test_bfloat16_in_jax_and_paddle(framework):
+    """bfloat16 points and features: computed in float32, returned (and differentiated) in
+    bfloat16, close to the float64 reference at bfloat16's tolerance."""
+    q, r, f = data(4)
+    w = np.random.default_rng(5).standard_normal((len(q), 4))
+    name = "radius"
+    rounded = [np.asarray(torch.tensor(a).to(torch.bfloat16).double()) for a in (q, r, f)]
+    expect, grads = torch_reference(name, *rounded, w)
+    fn = OPS[name][0]
+    if framework == "jax":
+        jax = pytest.importorskip("jax", reason="JAX is not installed in this environment")
+        jnp = jax.numpy
+        args = [jnp.asarray(a, dtype=jnp.bfloat16) for a in rounded]
+        out = jax.jit(fn)(*args)
+        got = jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32) * w), argnums=(0, 1, 2))(*args)
+        out, got = np.asarray(out.astype(jnp.float32)), [(g.dtype, np.asarray(g.astype(jnp.float32))) for g in got]
+        dtype_name = str(args[0].dtype)
+    else:
+        paddle = pytest.importorskip("paddle", reason="Paddle is not installed in this environment")
+        args = []
+        for a in rounded:
+            t = paddle.to_tensor(a.astype(np.float32)).astype("bfloat16")
+            t.stop_gradient = False
+            args.append(t)
+        res = fn(*args)
+        (res.astype("float32") * paddle.to_tensor(w.astype(np.float32))).sum().backward()
+        out = res.astype("float32").numpy()
+        got = [(t.grad.dtype, t.grad.astype("float32").numpy()) for t in args]
+        dtype_name = str(res.dtype)
+    assert "bfloat16" in dtype_name
+    np.testing.assert_allclose(out, expect, rtol=3e-2, atol=3e-2)
+    for (dt, g), e in zip(got, grads):
+        assert "bfloat16" in str(dt)
+        scale = max(1.0, float(np.abs(e).max()))
+        np.testing.assert_allclose(g / scale, e / scale, rtol=3e-2, atol=3e-2)

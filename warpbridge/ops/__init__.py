@@ -63,8 +63,8 @@ def _check_clouds(op: str, adapter: Any, arrays: dict[str, Any]) -> None:
         want = "(N, F)" if name == "features" else f"({'M' if name == 'query' else 'N'}, 3)"
         if len(shape) != 2 or (name != "features" and shape[1] != 3):
             raise fail(op, f"'{name}' must have shape {want}, got {shape}")
-        if dtype not in ("float32", "float64"):
-            raise fail(op, f"'{name}' must be float32 or float64, got {dtype} (warpbridge never casts)")
+        if dtype not in _FLOATS:
+            raise fail(op, f"'{name}' must be float16, bfloat16, float32 or float64, got {dtype}")
     (qd, _, qdev) = metas["query"]
     for name, (dtype, _, dev) in metas.items():
         if dtype != qd:
@@ -77,6 +77,20 @@ def _check_clouds(op: str, adapter: Any, arrays: dict[str, Any]) -> None:
             f"'features' must have one row per reference point: 'ref' has {metas['ref'][1][0]} points, "
             f"'features' has shape {metas['features'][1]}",
         )
+
+
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+_HALF = ("float16", "bfloat16")
+
+
+def _widen(adapter: Any, arrays: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """float16 and bfloat16 inputs are computed in float32 (distances, weights and sums would
+    lose too much in 8 or 11 bits): float32 copies, and the input dtype to return in. The
+    casts are ordinary framework ops, so gradients come back in the input dtype."""
+    dtype = adapter.meta(arrays["query"])[0]
+    if dtype not in _HALF:
+        return arrays, None
+    return {k: adapter.cast(v, "float32") for k, v in arrays.items()}, dtype
 
 
 def _positive(op: str, name: str, value: Any) -> float:
@@ -127,7 +141,10 @@ def radius_aggregate(query: Any, ref: Any, features: Any, radius: float, sigma: 
     arrays = {"query": query, "ref": ref, "features": features}
     a = _adapter(op, arrays)
     _check_clouds(op, a, arrays)
-    return a.radius_aggregate(query, ref, features, _positive(op, "radius", radius), _positive(op, "sigma", sigma))
+    radius, sigma = _positive(op, "radius", radius), _positive(op, "sigma", sigma)
+    arrays, half = _widen(a, arrays)
+    out = a.radius_aggregate(*arrays.values(), radius, sigma)
+    return a.cast(out, half) if half else out
 
 
 def knn(query: Any, ref: Any, k: int) -> tuple[Any, Any]:
@@ -153,7 +170,10 @@ def knn(query: Any, ref: Any, k: int) -> tuple[Any, Any]:
     arrays = {"query": query, "ref": ref}
     a = _adapter(op, arrays)
     _check_clouds(op, a, arrays)
-    return a.knn(query, ref, _k(op, k, a.meta(ref)[1][0]))
+    k = _k(op, k, a.meta(ref)[1][0])
+    arrays, half = _widen(a, arrays)
+    dist, idx = a.knn(*arrays.values(), k)
+    return (a.cast(dist, half) if half else dist), idx
 
 
 def knn_aggregate(query: Any, ref: Any, features: Any, k: int, sigma: float) -> Any:
@@ -183,8 +203,10 @@ def knn_aggregate(query: Any, ref: Any, features: Any, k: int, sigma: float) -> 
     arrays = {"query": query, "ref": ref, "features": features}
     a = _adapter(op, arrays)
     _check_clouds(op, a, arrays)
-    k = _k(op, k, a.meta(ref)[1][0])
-    return a.knn_aggregate(query, ref, features, k, _positive(op, "sigma", sigma))
+    k, sigma = _k(op, k, a.meta(ref)[1][0]), _positive(op, "sigma", sigma)
+    arrays, half = _widen(a, arrays)
+    out = a.knn_aggregate(*arrays.values(), k, sigma)
+    return a.cast(out, half) if half else out
 
 
 _preload_torch()

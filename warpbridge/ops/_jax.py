@@ -209,3 +209,7 @@ def knn_aggregate(query, ref, features, k, sigma):
     ensure_init()
     m, n, f = query.shape[0], ref.shape[0], features.shape[1]
     return _knn(m, n, f, _dt(query), k, sigma, True)(query, ref, features)
+
+
+def cast(x: Any, dtype: str) -> Any:
+    return x.astype(dtype)

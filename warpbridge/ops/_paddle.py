@@ -142,3 +142,7 @@ def knn(query, ref, k):
 
 def knn_aggregate(query, ref, features, k, sigma):
     return _KnnAggregate.apply(_c(query), _c(ref), _c(features), k, sigma)
+
+
+def cast(x: paddle.Tensor, dtype: str) -> paddle.Tensor:
+    return x.astype(dtype)

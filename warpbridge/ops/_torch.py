@@ -324,3 +324,7 @@ def knn_aggregate(query: Tensor, ref: Tensor, features: Tensor, k: int, sigma: f
         rule = _PointRule("knn_aggregate", (k, sigma), (sigma,), saved=(1, 2, 0))  # dist, idx, out
         return _func.apply(rule, (query, ref, features))[0]
     return knn_aggregate_op(query.contiguous(), ref.contiguous(), features.contiguous(), k, sigma)[0]
+
+
+def cast(x: Tensor, dtype: str) -> Tensor:
+    return x.to(getattr(torch, dtype))
