@@ -2,42 +2,13 @@
 
 import warp as wp
 
+from warpbridge._tutorial import tutorial_radius_aggregate  # noqa: F401 - re-exported for the scripts
+
 
 @wp.kernel
 def mul(x: wp.array(dtype=float), y: wp.array(dtype=float), z: wp.array(dtype=float)):
     i = wp.tid()
     z[i] = x[i] * y[i]
-
-
-@wp.kernel
-def tutorial_radius_aggregate(
-    query: wp.array(dtype=wp.vec3),
-    ref: wp.array(dtype=wp.vec3),
-    feats: wp.array2d(dtype=float),
-    grid: wp.uint64,
-    radius: float,
-    sigma: float,
-    out: wp.array2d(dtype=float),
-):
-    """The PhysicsNeMo tutorial's aggregation, re-typed: a HashGrid query loop that
-    accumulates exp(-d / sigma)-weighted features into the output row, then normalises.
-
-    Its Warp adjoint is wrong: the neighbour loop is dynamic, so the adjoint never replays
-    it (tests/test_points.py shows the zero feature gradient)."""
-    i = wp.tid()
-    q = query[i]
-    row = out[i]  # a view of the output row, accumulated in place as the tutorial does
-    total = float(0.0)
-    for j in wp.hash_grid_query(grid, q, radius):
-        d = wp.length(q - ref[j])
-        if d <= radius:
-            w = wp.exp(-d / sigma)
-            total += w
-            for c in range(feats.shape[1]):
-                row[c] += w * feats[j, c]
-    if total > 0.0:
-        for c in range(feats.shape[1]):
-            row[c] /= total + 1e-8
 
 
 @wp.kernel

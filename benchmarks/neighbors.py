@@ -33,9 +33,9 @@ import warp as wp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _kernels import tutorial_radius_aggregate  # noqa: E402
 
 import warpbridge as wb  # noqa: E402
+from warpbridge import _tutorial  # noqa: E402
 from warpbridge._measure import median_ms, peak_mib  # noqa: E402
 
 # -- the dense formulas the tutorial starts from ----------------------------------------------
@@ -58,26 +58,7 @@ def kdtree_knn_aggregate(q, r, f, k, sigma):
 
 def tutorial_forward(q, r, f, radius, sigma):
     """The tutorial's recipe: a HashGrid built per call (dims from the [-1, 1] query box)."""
-    n = int(2.0 / radius) + 1
-    grid = wp.HashGrid(n, n, n, device=str(q.device))
-    wr = wp.from_torch(r, dtype=wp.vec3, requires_grad=False)
-    grid.build(wr, radius)
-    out = torch.zeros(q.shape[0], f.shape[1], device=q.device, dtype=q.dtype)
-    wp.launch(
-        tutorial_radius_aggregate,
-        dim=q.shape[0],
-        inputs=[
-            wp.from_torch(q, dtype=wp.vec3, requires_grad=False),
-            wr,
-            wp.from_torch(f, requires_grad=False),
-            grid.id,
-            radius,
-            sigma,
-        ],
-        outputs=[wp.from_torch(out, requires_grad=False)],
-        device=str(q.device),
-    )
-    return out
+    return _tutorial.forward(q, r, f, radius, sigma)
 
 
 # -- measurement ------------------------------------------------------------------------------

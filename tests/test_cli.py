@@ -24,16 +24,22 @@ def test_demo_quick_end_to_end(tmp_path):
     assert data["meta"]["device"] == "cpu" and data["meta"]["quick"] is True
     for variant in ("radius", "knn"):
         rows = data["variants"][variant]
-        assert set(rows) == {"torch", "torch.compile", "warpbridge"}
+        tutorial = {"tutorial kernel"} if variant == "radius" else set()
+        assert set(rows) == {"torch", "torch.compile", "warpbridge"} | tutorial
         for name, r in rows.items():
             assert r["forward_ms"] > 0 and r["step_ms"] > 0, name
-            assert r["max_grad_error"] < 1e-4, (variant, name)  # float32 against the float64 model
             assert len(r["losses"]) == data["meta"]["sizes"][variant]["steps"]
+            if name == "tutorial kernel":
+                continue
+            assert r["max_grad_error"] < 1e-4, (variant, name)  # float32 against the float64 model
             assert r["losses"][-1] < r["losses"][0]
         # the three backends train the same model from the same weights: same loss curve
         for name in ("torch.compile", "warpbridge"):
             assert rows[name]["losses"] == pytest.approx(rows["torch"]["losses"], rel=1e-4)
-    assert "| warpbridge    |" in p.stdout
+    # the tutorial's kernel with Warp's adjoint: the bug the demo exists to show
+    bad = data["variants"]["radius"]["tutorial kernel"]
+    assert bad["max_grad_error"] > 0.1
+    assert "| warpbridge      |" in p.stdout and "| tutorial kernel |" in p.stdout
     # Warp's banner, module-load lines and the no-CUDA-driver warning would cut through the
     # progress bar: the demo keeps them quiet
     for noise in ("Module ", "Warp 1.", "CUDA driver"):

@@ -184,6 +184,23 @@ def _charts(out: Path) -> list[Path]:
                 f"{case}, ms": {f"{pool} pool": row["ms"] for pool, row in pools.items()}
                 for case, pools in data["median"].items()
             }
+        elif path.name.startswith("distributions"):
+            rows = data["rows"]
+            n = 100_000 if any(r["n"] == 100_000 for r in rows) else max(r["n"] for r in rows)
+            sections = {
+                f"kNN at N = {n:,}: speed-up over the best peer (x)": {
+                    r["distribution"]: r["knn_vs_best_peer"] for r in rows if r["n"] == n
+                },
+                f"radius aggregation at N = {n:,}: speed-up over cKDTree + torch (x)": {
+                    r["distribution"]: r["radius_vs_best_peer"] for r in rows if r["n"] == n
+                },
+            }
+        elif path.name.startswith("scale"):
+            rows = data["rows"]
+            sections = {
+                "kNN, seconds": {f"{r['distribution']} N={r['n']:.0e}": r["knn_s"] for r in rows},
+                "kNN, peak MiB": {f"{r['distribution']} N={r['n']:.0e}": r["knn_peak_mib"] for r in rows},
+            }
         elif path.name.startswith("soak"):
             rows = data["rows"]
             sections = {
