@@ -34,13 +34,15 @@ MODULES = {
     "examples/custom_backward": lambda: _load("examples/custom_backward.py", "custom_backward"),
     "examples/rosenbrock": lambda: _load("examples/rosenbrock.py", "rosenbrock"),
     "benchmarks/_kernels": lambda: _load("benchmarks/_kernels.py", "_kernels"),
+    "warpbridge/_tutorial": lambda: _load("warpbridge/_tutorial.py", "warpbridge._tutorial"),
 }
 
 
 def _warp_module(obj):
     if isinstance(obj, wp._src.context.Module):
         return obj
-    kernels = [v for v in vars(obj).values() if isinstance(v, wp.Kernel)]
+    # kernels defined in this file (not ones it imports, which another entry compiles)
+    kernels = [v for v in vars(obj).values() if isinstance(v, wp.Kernel) and v.func.__module__ == obj.__name__]
     kernels += [v.fn for v in vars(obj).values() if type(v).__name__ == "WarpOp" and isinstance(v.fn, wp.Kernel)]
     assert kernels, f"no kernels in {obj}"
     return kernels[0].module
