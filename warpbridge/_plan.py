@@ -265,6 +265,34 @@ def _descriptor(ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
     return _array_t(ptr, 0, len(shape), shape, strides)
 
 
+class Recorded(NamedTuple):
+    """What calling a kernel's compiled CPU entry point directly needs: with ``direct``,
+    ``hooks.forward(byref(bounds), byref(args))`` for an ``Args`` copied from ``template``."""
+
+    Args: Any  # ctypes struct of the kernel's arguments, in order, named by their labels
+    template: Any  # an Args holding the recorded values
+    bounds: Any  # the launch bounds the record resolved
+    hooks: Any
+    module_exec: Any  # keep a reference, or the module may be unloaded
+    direct: bool  # CPU, one thread per block: the entry point may be called directly
+
+
+_ARGS_TYPES: dict = {}  # (kernel, field ctypes) -> Args struct
+
+
+def record(kernel: Any, dim: Any, inputs: Sequence[Any], device: Any) -> Recorded:
+    """Record one launch of ``kernel`` (which resolves the bounds, validates the dims and loads,
+    compiling if needed, the module) and return what a direct call needs."""
+    rec = wp.launch(kernel, dim=dim, inputs=list(inputs), device=device, record_cmd=True)
+    types = tuple(type(v) for v in rec.params[1:])
+    Args = _ARGS_TYPES.get((kernel, types))
+    if Args is None:
+        fields = [(a.label, t) for a, t in zip(kernel.adj.args, types)]
+        Args = _ARGS_TYPES.setdefault((kernel, types), type("Args", (ctypes.Structure,), {"_fields_": fields}))
+    direct = DIRECT_CPU and device.is_cpu and rec.block_dim == 1
+    return Recorded(Args, Args(*rec.params[1:]), rec.params[0], rec.hooks, rec.module_exec, direct)
+
+
 class Plan:
     """Launch state for one kernel, device and set of input layouts / dims.
 
@@ -296,19 +324,17 @@ class Plan:
         layouts = dict(zip((p.name for p in sig.array_inputs), in_layouts))
         layouts.update((p.name, (s, st)) for p, s, st in zip(sig.outputs, out_shapes, self.out_strides))
         templates = [_descriptor(0, *layouts[p.name]) if p.is_array else _zero_scalar(p) for p in sig.params]
-        # Recording resolves launch bounds, validates the dims and loads (compiles) the module.
         try:
             with LOAD_LOCK:
-                rec = wp.launch(kernel, dim=launch, inputs=templates, device=device, record_cmd=True)
+                rec = record(kernel, launch, templates, device)
         except (ValueError, RuntimeError, TypeError) as e:
             raise fail(sig.name, f"Warp rejected the launch (dims {launch}): {e}") from e
-        self.bounds = rec.params[0]
+        self.bounds = rec.bounds
         self.hooks = rec.hooks
-        self.module_exec = rec.module_exec  # keep a reference or the module may be unloaded
-        self.direct = DIRECT_CPU and device.is_cpu and rec.block_dim == 1
-        fields = [(p.name, type(rec.params[1 + i])) for i, p in enumerate(sig.params)]
-        self.Args = type("Args", (ctypes.Structure,), {"_fields_": fields})
-        self.template = self.Args(*rec.params[1:])
+        self.module_exec = rec.module_exec
+        self.direct = rec.direct
+        self.Args = rec.Args
+        self.template = rec.template
         self._copy = self.Args.from_buffer_copy
         self._fill = _make_filler(sig)
         self._bounds_ref = ctypes.byref(self.bounds)  # byref keeps self.bounds alive

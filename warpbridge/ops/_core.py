@@ -104,7 +104,7 @@ def parallel(work: Any, n: int) -> None:
     Where PyTorch's GNU OpenMP runtime is loaded, the threads are its own intra-op workers
     (a ``GOMP_parallel`` region): after each parallel PyTorch op they keep spinning on the
     cores for milliseconds, so a pool of our own would compete with them for the cores;
-    handing them the work instead measured 17.5 -> 14 ms per radius train step on 2 cores.
+    handing them the work instead measured 17.5 -> 13.2 ms per radius train step on 2 cores.
     ``work`` must cover everything whatever the team size (a nested region gets one thread).
     """
     gomp = _gomp()
@@ -156,13 +156,10 @@ def _gomp() -> Any:
     return _GOMP[0]
 
 
-_ARGS: dict = {}  # (kernel, field types) -> ctypes struct of its arguments
-
-
 def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, stream: Any):
     """``run(count, stride, offset)``: launch ``kernel`` over ``count`` queries.
 
-    On the CPU the arguments are packed once (a recorded launch, which also loads the module)
+    On the CPU the arguments are packed once (``_plan.record``, which also loads the module)
     and each launch copies that struct and calls the compiled entry point directly: a few
     microseconds instead of a ``wp.launch`` (~25 us, under the GIL) per chunk.
     """
@@ -172,17 +169,10 @@ def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, strea
 
     if not device.is_cpu:
         return launch
-    rec = wp.launch(kernel, dim=m, inputs=[*before, 1, 0, *after], device=device, record_cmd=True)
-    if rec.block_dim != 1:
+    rec = _plan.record(kernel, m, [*before, 1, 0, *after], device)
+    if not rec.direct:
         return launch  # CPU tile blocks: Warp's own launch path
-    types = tuple(type(v) for v in rec.params[1:])
-    key = (kernel, types)
-    Args = _ARGS.get(key)
-    if Args is None:
-        fields = [(a.label, t) for a, t in zip(kernel.adj.args, types)]
-        Args = _ARGS.setdefault(key, type("Args", (ctypes.Structure,), {"_fields_": fields}))
-    template = Args(*rec.params[1:])
-    copy, Bounds, forward = Args.from_buffer_copy, type(rec.params[0]), rec.hooks.forward
+    copy, template, Bounds, forward = rec.Args.from_buffer_copy, rec.template, type(rec.bounds), rec.hooks.forward
     stride_name, offset_name = kernel.adj.args[len(before)].label, kernel.adj.args[len(before) + 1].label
 
     def run(count: int, stride: int, offset: int) -> None:
@@ -190,8 +180,8 @@ def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, strea
         setattr(args, stride_name, stride)
         setattr(args, offset_name, offset)
         forward(ctypes.byref(Bounds((count,))), ctypes.byref(args))
-        rec.module_exec  # noqa: B018 - keeps the module loaded while this launcher lives
 
+    run.module_exec = rec.module_exec  # keeps the module loaded while this launcher lives
     return run
 
 

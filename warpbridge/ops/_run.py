@@ -14,7 +14,6 @@ import warp as wp
 
 from . import _core, _kernels
 
-TREE_ARRAYS = 5  # order, sorted points, box lo, box hi, min index
 STATS = 3  # per query: weight sum, nearest distance, neighbour count
 # The CPU radius backward records its neighbour pairs while they fit in this many per point
 # (beyond, e.g. a radius spanning the whole cloud, it searches from both sides instead).

@@ -60,13 +60,12 @@ class _Fw:
     def warp(self, a: Tensor, vec3: bool = False) -> wp.array:
         # One view per tensor and call: the runners pass the tree's arrays to several launches.
         key = (id(a), vec3)
-        view = self._views.get(key)
-        if view is None:
+        entry = self._views.get(key)
+        if entry is None:
             # requires_grad=False: from_torch would otherwise allocate a.grad (and sync on CUDA).
             view = wp.from_torch(a.detach(), dtype=_VEC[a.dtype] if vec3 else None, requires_grad=False)
-            self._views[key] = (view, a)  # the tensor is kept alive, so its id stays unique
-            return view
-        return view[0]
+            entry = self._views[key] = (view, a)  # the tensor is kept alive, so its id stays unique
+        return entry[0]
 
     @staticmethod
     def fold(slots: Tensor) -> Tensor:
