@@ -104,3 +104,76 @@ def weighted_adjoint(
     j = idx[i]
     adj_x[i] = s * w[j] * adj_y[i]
     wp.atomic_add(adj_w, j, s * x[i] * adj_y[i])
+
+
+@wp.kernel
+def power_saving_slope(x: wp.array(dtype=f64), n: int, y: wp.array(dtype=f64), slope: wp.array(dtype=f64)):
+    # x**n and, as an auxiliary output for the backward, its derivative n * x**(n - 1)
+    i = wp.tid()
+    acc = f64(1.0)
+    for _k in range(n - 1):
+        acc = acc * x[i]
+    slope[i] = f64(n) * acc
+    y[i] = acc * x[i]
+
+
+@wp.kernel
+def power_saving_slope_adjoint(
+    x: wp.array(dtype=f64),
+    n: int,
+    y: wp.array(dtype=f64),
+    slope: wp.array(dtype=f64),
+    adj_y: wp.array(dtype=f64),
+    adj_x: wp.array(dtype=f64),
+):
+    i = wp.tid()
+    adj_x[i] = slope[i] * adj_y[i]
+
+
+@wp.kernel
+def power_saving_slope_adjoint_asks_aux(
+    x: wp.array(dtype=f64),
+    n: int,
+    y: wp.array(dtype=f64),
+    slope: wp.array(dtype=f64),
+    adj_y: wp.array(dtype=f64),
+    adj_slope: wp.array(dtype=f64),
+    adj_x: wp.array(dtype=f64),
+):
+    i = wp.tid()
+    adj_x[i] = slope[i] * adj_y[i] + adj_slope[i]
+
+
+@wp.kernel
+def outer(a: wp.array(dtype=f64), b: wp.array(dtype=f64), y: wp.array2d(dtype=f64)):
+    # y[i, j] = a[i] * b[j]: its shape comes from both inputs (a callable output_dims)
+    i, j = wp.tid()
+    y[i, j] = a[i] * b[j]
+
+
+def weighted_backward_skipping(
+    x: wp.array(dtype=f64),
+    w: wp.array(dtype=f64),
+    idx: wp.array(dtype=wp.int32),
+    s: f64,
+    y: wp.array(dtype=f64),
+    count: wp.array(dtype=wp.int32),
+    adj_y: wp.array(dtype=f64),
+    adj_x: wp.array(dtype=f64),
+    adj_w: wp.array(dtype=f64),
+    *,
+    needs_input_grad,
+):
+    # a launch-function backward that computes only the gradients asked for
+    SEEN.append(tuple(needs_input_grad))
+    zero = wp.zeros_like(adj_x)
+    wp.launch(
+        weighted_adjoint,
+        dim=x.shape[0],
+        inputs=[x, w, idx, s, y, count, adj_y],
+        outputs=[adj_x if needs_input_grad[0] else zero, adj_w if needs_input_grad[1] else wp.zeros_like(adj_w)],
+        device=x.device,
+    )
+
+
+SEEN: list = []

@@ -205,3 +205,62 @@ def test_paddle_backward_uses_the_custom_backward_and_refuses_without():
     # Paddle re-raises errors from a PyLayer's backward as OSError, with our message inside
     with pytest.raises((wb.WarpBridgeError, OSError), match=r"WarpBridgeError: power\(\): cannot differentiate"):
         wb.op(B.power)(x2, 3).sum().backward()
+
+
+# -- auxiliary outputs, needs_input_grad, output dims from the inputs -----------------------------
+
+
+def test_aux_outputs_reach_the_backward_and_never_the_caller():
+    op = wb.op(B.power_saving_slope, num_outputs=2, aux="slope", backward=B.power_saving_slope_adjoint)
+    x = xs()
+    y = op(x, 3)  # one array: the auxiliary slope is not returned
+    assert isinstance(y, torch.Tensor)
+    torch.testing.assert_close(y, x.detach() ** 3)
+    y_all, slope = op.call_all(x, 3)
+    torch.testing.assert_close(slope, 3 * x.detach() ** 2)
+    assert not slope.requires_grad  # auxiliary outputs are never differentiated
+    check_op(op, xs(), 3)
+    assert "aux" in repr(op._options)
+
+
+def test_a_backward_may_not_ask_for_the_gradient_of_an_aux_output():
+    with pytest.raises(wb.WarpBridgeError, match=r"'slope' is auxiliary.*no adj_slope"):
+        wb.op(B.power_saving_slope, num_outputs=2, aux=("slope",), backward=B.power_saving_slope_adjoint_asks_aux)
+
+
+@pytest.mark.parametrize(
+    "aux, pattern",
+    [(("nope",), r"aux names \['nope'\], which are not outputs"), (("y", "slope"), "every output is auxiliary")],
+)
+def test_bad_aux_names_are_refused(aux, pattern):
+    with pytest.raises(wb.WarpBridgeError, match=pattern):
+        wb.op(B.power_saving_slope, num_outputs=2, aux=aux)
+
+
+def test_a_launch_function_backward_gets_the_gradients_asked_for():
+    op = wb.op(B.weighted, num_outputs=2, backward=B.weighted_backward_skipping)
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.rand(5, generator=g, dtype=f64), torch.rand(3, generator=g, dtype=f64)
+    idx = torch.tensor([0, 2, 1, 2, 0], dtype=torch.int32)
+    B.SEEN.clear()
+    wr = w.clone().requires_grad_()
+    (gw,) = torch.autograd.grad(op(x, wr, idx, 0.5)[0].sum(), [wr])
+    assert B.SEEN == [(False, True)]
+    torch.testing.assert_close(gw, torch.zeros(3, dtype=f64).index_add_(0, idx.long(), 0.5 * x))
+    check_op(op, x.requires_grad_(), w.requires_grad_(), idx, 0.5)
+
+
+def test_output_dims_may_be_computed_from_the_inputs():
+    op = wb.op(B.outer, launch_dims=None, output_dims=lambda a, b: (a[0], b[0]), name="outer_from_inputs")
+    a, b = xs(4), xs(3, seed=1)
+    y = op(a, b, launch_dims=(4, 3))
+    torch.testing.assert_close(y, torch.outer(a, b))
+    # the registered op needs no dims either
+    torch.testing.assert_close(op.torch_op(a, b, [4, 3]), y)
+    check_op(op, xs(4), xs(3, seed=1), launch_dims=(4, 3))
+
+
+def test_a_failing_output_dims_callable_is_named():
+    op = wb.op(B.outer, output_dims=lambda a, b: a[5], name="outer_bad_dims")
+    with pytest.raises(wb.WarpBridgeError, match=r"outer_bad_dims\(\): output_dims\(a, b\) raised IndexError"):
+        op(xs(4), xs(3), launch_dims=(4, 3))

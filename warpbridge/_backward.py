@@ -39,7 +39,7 @@ class CustomBackward:
         self.op_name = op.name
         self.fn = fn
         self.name = getattr(fn, "key", None) or getattr(fn, "__name__", "backward")
-        self.float_outputs = tuple(p for p in sig.outputs if p.is_float)
+        self.float_outputs = sig.grad_outputs
         self.grad_inputs = sig.differentiable_inputs
         if not self.grad_inputs:
             raise WarpBridgeError(
@@ -57,7 +57,7 @@ class CustomBackward:
                 f"{op.name}(): backward must be a wp.Kernel or an annotated launch function, got {type(fn).__name__}"
             )
         try:
-            self.sig = Signature(fn, len(self.grad_inputs), f"{op.name}_backward")
+            self.sig = Signature(fn, len(self.grad_inputs), f"{op.name}_backward", keywords=("needs_input_grad",))
         except WarpBridgeError as e:
             raise WarpBridgeError(
                 f"{op.name}(): backward '{self.name}' cannot be used: {e}. Its parameters must be ({want})"
@@ -71,11 +71,21 @@ class CustomBackward:
                 problems.append(f"parameter {p.position + 1} is '{p.name}', expected '{n}'")
             elif not _same_type(p, q):
                 problems.append(f"'{n}' is {p.describe_type()}, expected {q.describe_type()}")
+        asked = [p.name for p in sig.outputs if p.aux and f"adj_{p.name}" in {q.name for q in got}]
+        if asked:
+            problems.insert(
+                0,
+                f"'{asked[0]}' is auxiliary (aux=...): it is never differentiated, so the backward takes no "
+                f"adj_{asked[0]}; drop that parameter",
+            )
         if problems:
             raise WarpBridgeError(
                 f"{op.name}(): backward '{self.name}' does not match the forward's signature: "
                 f"{'; '.join(problems)}. Expected parameters: ({want})"
             )
+        # A launch function that declares ``*, needs_input_grad`` gets one bool per adj_ array
+        # (the gradients asked for) and may leave the others untouched.
+        self.takes_needs = "needs_input_grad" in self.sig.keywords
         self._plans: dict = {}
 
     def plan(self, fwd_plan: Any, grad_layouts: Sequence[tuple]) -> Any:

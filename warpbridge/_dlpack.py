@@ -142,6 +142,19 @@ def _need_cuda(op: Any, p: Any) -> None:
         )
 
 
+def info(a: Any) -> tuple[str, tuple[int, ...], str]:
+    w = a if isinstance(a, wp.array) else (wp.from_dlpack(a) if hasattr(a, "__dlpack__") else None)
+    if w is None:  # __cuda_array_interface__ only
+        desc = a.__cuda_array_interface__
+        return np.dtype(desc["typestr"]).name, tuple(desc["shape"]), "cuda"
+    name, shape, _, _, device = _Warp.meta(w)
+    return name or str(w.dtype), shape, str(device)
+
+
+def cast(a: Any, dtype_name: str) -> Any:
+    raise TypeError(f"arrays passed through DLPack are not cast; pass {dtype_name} arrays")
+
+
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     _plan.ensure_init()
     op.check_arity(args)

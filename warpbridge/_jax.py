@@ -32,6 +32,17 @@ from ._signature import Param
 _MAX_CACHED = 256
 
 
+def info(a: Any) -> tuple[str, tuple[int, ...], str]:
+    dev = "cpu"
+    if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer):
+        dev = str(next(iter(a.devices())).platform)
+    return np.dtype(a.dtype).name, tuple(int(s) for s in a.shape), dev
+
+
+def cast(a: Any, dtype_name: str) -> Any:
+    return a.astype(dtype_name)
+
+
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     op.check_arity(args)
     _plan.ensure_init()
@@ -57,7 +68,7 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
         arrays.append(a)
         layouts.append(wshape)
         avals.append((shape, dtype.name))
-    ld, od = op.dims(launch_dims, output_dims)
+    ld, od = op.dims(launch_dims, output_dims, _plan.input_values(sig, args, layouts))
     launch, out_shapes = _plan.resolve_dims(op.name, sig, layouts[0] if layouts else None, ld, od)
     _plan.check_bounds(op.name, sig, [(s, ()) for s in layouts], launch, out_shapes)
     # vmap_method="broadcast_all" folds a jax.vmap batch into the launch (Warp's FFI merges
@@ -101,7 +112,7 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
     ins: list[Param] = sig.array_inputs
     outs: list[Param] = sig.outputs
     diff = [i for i, p in enumerate(ins) if p.differentiable]
-    fouts = [j for j, p in enumerate(outs) if p.is_float]
+    fouts = [j for j, p in enumerate(outs) if p.carries_grad]
 
     state = types.SimpleNamespace(warm=[False, False, False])  # first runs load modules: under the lock
 
@@ -204,7 +215,8 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
         if cb.sig.kind == "kernel":
             wp.launch(cb.sig.kernel, dim=a_in[0].shape if fold else launch, inputs=args, outputs=g_in)
         else:
-            cb.sig.func(*args, *g_in)
+            needs = {"needs_input_grad": (True,) * len(g_in)} if cb.takes_needs else {}
+            cb.sig.func(*args, *g_in, **needs)
 
     bwd_params = [(p.name, p.wp_type) for p in ins]
     if cb is not None:

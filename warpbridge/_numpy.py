@@ -45,6 +45,14 @@ class _NumPy:
         return wp.get_device(device)
 
 
+def info(a: np.ndarray) -> tuple[str, tuple[int, ...], str]:
+    return _NAMES.get(a.dtype) or a.dtype.name, tuple(a.shape), "cpu"
+
+
+def cast(a: np.ndarray, dtype_name: str) -> np.ndarray:
+    return a.astype(dtype_name)
+
+
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     for p, a in zip(op.sig.array_inputs, (args[p.position] for p in op.sig.array_inputs if p.position < len(args))):
         if isinstance(a, np.ndarray) and any(s < 0 or s % max(a.itemsize, 1) for s in a.strides):

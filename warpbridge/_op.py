@@ -60,6 +60,7 @@ class WarpOp:
         vmap_method: str = "sequential",
         backward: Any = None,
         trust_adjoint: bool = False,
+        aux: Any = (),
     ):
         explicit = name is not None
         name = _default_name(fn) if name is None else name
@@ -74,7 +75,7 @@ class WarpOp:
         self.custom_backward: _backward.CustomBackward | None = None
         _plan.ensure_init()
         self.name = name
-        self.sig = Signature(fn, num_outputs, name)
+        self.sig = Signature(fn, num_outputs, name, aux)
         self.launch_dims = _plan.normalize_dims(name, "launch_dims", launch_dims)
         self.output_dims = _plan.normalize_output_dims(name, self.sig, output_dims)
         self._packers = tuple(_plan.make_scalar_packer(name, p) for p in self.sig.inputs if not p.is_array)
@@ -84,6 +85,7 @@ class WarpOp:
         self._shared_registration = False  # set by an adapter that reused another op's registration
         self._fast: dict[Any, Any] = {}  # adapters' per-layout cache of validated calls
         self._array_positions = tuple(p.position for p in self.sig.array_inputs)
+        self._dims_from_inputs = callable(self.output_dims)
         self._lock = threading.Lock()
         self.__doc__ = getattr(fn, "__doc__", None) or f"warpbridge op wrapping {name}."
         self.__wrapped__ = fn
@@ -95,6 +97,8 @@ class WarpOp:
             vmap_method=vmap_method,
             trust_adjoint=trust_adjoint,
         )
+        if self.sig.visible != tuple(range(len(self.sig.outputs))):
+            self._options["aux"] = tuple(p.name for p in self.sig.outputs if p.aux)
         if backward is not None:
             self.backward(backward)
         # The registered torch op's name: the given name, or the wrapped callable's module and
@@ -169,6 +173,14 @@ class WarpOp:
 
     def __call__(self, *args: Any, launch_dims: Any = None, output_dims: Any = None) -> Any:
         """Run the op on framework arrays; see :func:`warpbridge.op`."""
+        outs = _adapter(self, args).call(self, args, launch_dims, output_dims)
+        visible = self.sig.visible
+        if len(visible) == len(self.sig.outputs):
+            return outs
+        return outs[visible[0]] if len(visible) == 1 else tuple(outs[j] for j in visible)
+
+    def call_all(self, *args: Any, launch_dims: Any = None, output_dims: Any = None) -> Any:
+        """Like calling the op, auxiliary outputs included (one array, or a tuple of all)."""
         return _adapter(self, args).call(self, args, launch_dims, output_dims)
 
     def __reduce__(self) -> tuple:
@@ -201,8 +213,9 @@ class WarpOp:
             names = ", ".join(p.name for p in self.sig.inputs)
             raise fail(self.name, f"expected {n} input(s) ({names}), got {len(args)}")
 
-    def dims(self, launch_dims: Any, output_dims: Any) -> tuple[Any, Any]:
-        """Per-call dims take precedence over the ones given at construction."""
+    def dims(self, launch_dims: Any, output_dims: Any, inputs: Any = None) -> tuple[Any, Any]:
+        """Per-call dims take precedence over the ones given at construction. A callable
+        ``output_dims`` is evaluated with ``inputs`` (see ``_plan.input_values``) when given."""
         ld = (
             _plan.normalize_dims(self.name, "launch_dims", launch_dims) if launch_dims is not None else self.launch_dims
         )
@@ -211,6 +224,8 @@ class WarpOp:
             od = _plan.normalize_output_dims(self.name, self.sig, output_dims)
             if isinstance(od, dict) and isinstance(self.output_dims, dict):
                 od = {**self.output_dims, **od}
+        if callable(od) and inputs is not None:
+            od = _plan.call_output_dims(self.name, self.sig, od, inputs)
         return ld, od
 
     def plan(self, device: Any, layouts: tuple, launch_dims: Any, output_dims: Any) -> _plan.Plan:
@@ -264,7 +279,9 @@ def _registration_name(fn: Any, options: dict) -> str:
     target = fn.func if isinstance(fn, wp.Kernel) else fn
     module = getattr(target, "__module__", None) or "main"
     qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", "op")
-    digest = hashlib.sha256((_source_of(fn) + repr(sorted(options.items()))).encode()).hexdigest()[:10]
+    # callables (a backward, output_dims) by their source: a repr would hold a memory address
+    stable = sorted((k, _source_of(v) if callable(v) else v) for k, v in options.items())
+    digest = hashlib.sha256((_source_of(fn) + repr(stable)).encode()).hexdigest()[:10]
     base = re.sub(r"\W+", "_", f"{module}__{qualname.replace('<locals>', 'locals')}").strip("_")
     return f"{base}__{digest}"
 
@@ -306,18 +323,27 @@ def _load_adapter(name: str) -> Any:
 
 
 def _find_adapter(op: WarpOp, args: tuple) -> Any:
+    named = [(p.name, args[p.position], p.describe_type()) for p in op.sig.array_inputs if p.position < len(args)]
+    mod = adapter_for(op.name, named)
+    for i in op._array_positions:
+        if i < len(args):
+            _BY_TYPE[type(args[i])] = mod
+    return mod
+
+
+def adapter_for(op_name: str, named: Any) -> Any:
+    """The adapter module of the framework the arrays come from: ``named`` holds (argument
+    name, array, expected type in words). All arrays must come from one framework; with no
+    array, the framework the caller has loaded."""
     found = None
-    for p in op.sig.array_inputs:
-        if p.position >= len(args):
-            break
-        a = args[p.position]
+    for name, a, want in named:
         top = type(a).__module__.partition(".")[0]
         top = _ALIASES.get(top, top)
         if top not in _ADAPTERS:
             if not (hasattr(a, "__dlpack__") or hasattr(a, "__cuda_array_interface__")):
                 raise fail(
-                    op.name,
-                    f"argument '{p.name}' must be an array ({p.describe_type()}): a torch, NumPy, JAX or Paddle "
+                    op_name,
+                    f"argument '{name}' must be an array ({want}): a torch, NumPy, JAX or Paddle "
                     f"array, or any array exposing __dlpack__ or __cuda_array_interface__; got {describe(a)}",
                 )
             top = "dlpack"
@@ -327,16 +353,12 @@ def _find_adapter(op: WarpOp, args: tuple) -> Any:
                 other = found if top == "dlpack" else top
                 hint = f": convert the DLPack array first ({_FROM_DLPACK[other]} shares its memory)"
             raise fail(
-                op.name, f"all arrays must come from one framework, got {found} and {top} (argument '{p.name}'){hint}"
+                op_name, f"all arrays must come from one framework, got {found} and {top} (argument '{name}'){hint}"
             )
         found = top
     if found is None:  # no array input: take the framework the caller has loaded
         found = "torch" if "torch" in sys.modules else "numpy"
-    mod = _load_adapter(found)
-    for i in op._array_positions:
-        if i < len(args):
-            _BY_TYPE[type(args[i])] = mod
-    return mod
+    return _load_adapter(found)
 
 
 def op(
@@ -349,6 +371,7 @@ def op(
     vmap_method: str = "sequential",
     backward: Any = None,
     trust_adjoint: bool = False,
+    aux: Any = (),
 ) -> Any:
     """Turn a Warp kernel, or a function that launches kernels, into a differentiable operator.
 
@@ -361,7 +384,10 @@ def op(
         launch_dims: launch dims (int or tuple); default: the Warp shape of the first array
             input. Overridable per call.
         output_dims: output Warp shape(s): one tuple for all outputs or a dict keyed by output
-            name; default: the launch dims. Overridable per call.
+            name; default: the launch dims. Or a callable that returns those from the op's
+            inputs, called with each array replaced by its Warp shape and each scalar by its
+            value (``lambda x, idx, n: {"y": (n, x[1])}``), evaluated per call, under
+            ``torch.compile`` too. Overridable per call.
         name: the op's name in messages and, when given, its registered name
             (``torch.ops.warpbridge.<name>``); default: the kernel's key, registered as its
             module and qualified name plus a hash of its source and options
@@ -377,6 +403,10 @@ def op(
         backward: the op's own backward, a kernel or launch function (see
             :meth:`WarpOp.backward` and ``docs/custom-backward.md``), used instead of Warp's
             generated adjoint.
+        aux: names of outputs that only carry state from the forward to a custom backward
+            (a search structure, saved statistics): allocated and passed like any output,
+            saved for the backward, but never returned to the caller and never differentiated
+            (the backward gets no ``adj_`` for them). See ``docs/custom-backward.md``.
         trust_adjoint: skip the check that refuses gradients Warp's adjoint gets wrong
             (variables changed in dynamic loops, outputs read then overwritten). Only for
             kernels whose adjoint you have checked, e.g. with ``warpbridge.testing.check_op``.
@@ -406,6 +436,7 @@ def op(
         vmap_method=vmap_method,
         backward=backward,
         trust_adjoint=trust_adjoint,
+        aux=aux,
     )
     if fn is None:
         return lambda f: _cached(f, kw)

@@ -116,26 +116,45 @@ class _Apply(PyLayer):
     def forward(ctx: Any, op: Any, pr: _plan.Prepared, *tensors: paddle.Tensor) -> Any:
         outs = _forward(op, pr)
         ctx.op, ctx.pr = op, pr._replace(arrays=[])  # the plan and scalars; tensors are saved below
-        ctx.save_for_backward(*tensors)
+        ctx.n_inputs = len(tensors)
+        ctx.save_for_backward(*tensors, *(outs if _plan.needs_outputs(op) else ()))
         ctx.needs = [not t.stop_gradient for t in tensors]
         for o, p in zip(outs, op.sig.outputs):
-            if not p.is_float:
+            if not p.carries_grad:
                 ctx.mark_non_differentiable(o)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     @staticmethod
     def backward(ctx: Any, *grads: paddle.Tensor) -> Any:
         refuse_second_order(ctx.op.name)
-        tensors = ctx.saved_tensor()
+        saved = ctx.saved_tensor()
+        tensors, outputs = saved[: ctx.n_inputs], list(saved[ctx.n_inputs :]) or None
         op, pr = ctx.op, ctx.pr
         floats = iter(grads)
         # Paddle hands gradients only for differentiable (float) outputs
-        out_grads = [next(floats, None) if p.is_float else None for p in op.sig.outputs]
+        out_grads = [next(floats, None) if p.carries_grad else None for p in op.sig.outputs]
         in_grads = _plan.backward(
-            op, pr.plan, pr.scalars, tensors, out_grads, ctx.needs, _Paddle, pr.device, _stream(pr.device)
+            op,
+            pr.plan,
+            pr.scalars,
+            tensors,
+            out_grads,
+            ctx.needs,
+            _Paddle,
+            pr.device,
+            _stream(pr.device),
+            outputs=outputs,
         )
         result = tuple(g if need else None for g, need in zip(in_grads, ctx.needs))
         return result[0] if len(result) == 1 else result
+
+
+def info(a: paddle.Tensor) -> tuple[str, tuple[int, ...], str]:
+    return DTYPE_NAMES.get(a.dtype) or str(a.dtype).replace("paddle.", ""), tuple(a.shape), _place_name(a)
+
+
+def cast(a: paddle.Tensor, dtype_name: str) -> paddle.Tensor:
+    return a.astype(dtype_name)
 
 
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:

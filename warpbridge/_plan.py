@@ -124,9 +124,10 @@ def _is_dim(d: Any) -> bool:
 
 
 def normalize_output_dims(op: str, sig: Signature, output_dims: Any) -> Any:
-    """``None``, one dims tuple for every output, or a dict {output name: dims}."""
-    if output_dims is None:
-        return None
+    """``None``, one dims tuple for every output, a dict {output name: dims}, or a callable
+    returning either from the op's inputs (see :func:`call_output_dims`)."""
+    if output_dims is None or callable(output_dims):
+        return output_dims
     if isinstance(output_dims, dict):
         names = [p.name for p in sig.outputs]
         unknown = [k for k in output_dims if k not in names]
@@ -134,6 +135,24 @@ def normalize_output_dims(op: str, sig: Signature, output_dims: Any) -> Any:
             raise fail(op, f"output_dims names unknown output(s) {unknown}; the outputs are {names}")
         return {k: normalize_dims(op, f"output_dims['{k}']", v) for k, v in output_dims.items()}
     return normalize_dims(op, "output_dims", output_dims)
+
+
+def call_output_dims(op: str, sig: Signature, fn: Any, inputs: Sequence[Any]) -> Any:
+    """Output dims from a callable: called with the op's inputs in order, each array replaced
+    by its Warp shape (a tuple of ints) and each scalar by its value."""
+    try:
+        got = fn(*inputs)
+    except Exception as e:
+        raise fail(op, f"output_dims({', '.join(p.name for p in sig.inputs)}) raised {type(e).__name__}: {e}") from e
+    if got is None or callable(got):
+        raise fail(op, f"output_dims(...) must return dims (a tuple, or a dict by output name), got {got!r}")
+    return normalize_output_dims(op, sig, got)
+
+
+def input_values(sig: Signature, args: Sequence[Any], shapes: Sequence[tuple]) -> list:
+    """What a callable ``output_dims`` is called with: scalars as given, arrays as Warp shapes."""
+    it = iter(shapes)
+    return [tuple(next(it)) if p.is_array else a for p, a in zip(sig.inputs, args)]
 
 
 def resolve_dims(
@@ -468,13 +487,18 @@ def _scoped(device: Any, stream: Any):
 
 
 def run_function(
-    plan: Plan, ins: Sequence[int], scalars: Sequence[Any], outs: Sequence[int], stream: Any = None
+    plan: Plan,
+    ins: Sequence[int],
+    scalars: Sequence[Any],
+    outs: Sequence[int],
+    stream: Any = None,
+    keywords: dict | None = None,
 ) -> None:
     """Call a launch function on foreign buffers: ``ins``/``outs`` are data pointers."""
     sig, dev = plan.sig, plan.device
     args = _function_args(plan, ins, scalars, outs, None, None)
     with _scoped(dev, stream), first_run(plan, 0):
-        sig.func(*args)
+        sig.func(*args, **(keywords or {}))
 
 
 def run_function_adjoint(
@@ -639,9 +663,14 @@ def prepare(op: Any, args: Sequence[Any], launch_dims: Any, output_dims: Any, fw
         layouts.append((wshape, wstrides))
     if device is None:
         device = fw.default_device
-    ld, od = op.dims(launch_dims, output_dims)
+    ld, od = op.dims(launch_dims, output_dims, input_values(sig, args, [s for s, _ in layouts]))
     plan = op.plan(fw.warp_device(device), tuple(layouts), ld, od)
     return Prepared(plan, tuple(scalars), arrays, device)
+
+
+def needs_outputs(op: Any) -> bool:
+    """Whether the backward reads the forward's outputs (a framework saves them for it)."""
+    return op.custom_backward is not None or (op.sig.kind == "kernel" and bool(op.sig.reads_outputs))
 
 
 def backward(
@@ -763,7 +792,7 @@ def _custom_backward(
     keep.extend(outputs)
     g_ptrs, g_layouts = [], []
     for p, shape, g in zip(sig.outputs, plan.out_shapes, grads):
-        if not p.is_float:
+        if not p.carries_grad:
             continue
         g, (ptr, strides) = _output_grad(fw, p, shape, g, device, private=False)
         keep.append(g)
@@ -785,7 +814,8 @@ def _custom_backward(
                 _HALF_BITS[p.dtype_name][1](v) if p.dtype_name in _HALF_BITS and not p.inner_shape else v
                 for p, v in zip((q for q in sig.inputs if not q.is_array), scalars)
             ]
-        run_function(bplan, b_ins, scalars, b_outs, stream)
+        needs_kw = {"needs_input_grad": tuple(w for p, w in zip(sig.array_inputs, wanted) if p.differentiable)}
+        run_function(bplan, b_ins, scalars, b_outs, stream, needs_kw if cb.takes_needs else None)
     del keep
     grads_iter = iter(in_grads)
     return [next(grads_iter) if p.differentiable else None for p in sig.array_inputs]

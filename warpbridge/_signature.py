@@ -8,6 +8,7 @@ adjoint that the gradient rules depend on (see :mod:`warpbridge._adjoint`).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,10 +50,16 @@ class Param:
     dtype_name: str  # element scalar type, e.g. "float32"
     inner_shape: tuple[int, ...]  # (3,) for wp.vec3, (3, 3) for wp.mat33, () otherwise
     ndim: int  # Warp array rank; 0 for scalars
+    aux: bool = False  # an auxiliary output: kept for the backward, never returned or differentiated
 
     @property
     def is_float(self) -> bool:
         return self.dtype_name in _FLOAT_NAMES
+
+    @property
+    def carries_grad(self) -> bool:
+        """An output that receives a gradient: floating-point and not auxiliary."""
+        return self.is_float and not self.aux
 
     @property
     def differentiable(self) -> bool:
@@ -73,18 +80,19 @@ class Param:
 class Signature:
     """Everything warpbridge needs to know about a kernel or launch function."""
 
-    def __init__(self, fn: Any, num_outputs: int, name: str):
+    def __init__(self, fn: Any, num_outputs: int, name: str, aux: Any = (), keywords: tuple[str, ...] = ()):
         self.name = name
         if isinstance(fn, wp.Kernel):
             self.kind = "kernel"
             self.kernel = fn
             self.func = None
+            self.keywords = frozenset()
             raw = [(a.label, a.type) for a in fn.adj.args]
         elif callable(fn):
             self.kind = "function"
             self.kernel = None
             self.func = fn
-            raw = _function_params(fn, name)
+            raw, self.keywords = _function_params(fn, name, keywords)
         else:
             raise WarpBridgeError(
                 f"{name}(): op() expects a wp.Kernel or an annotated function, got {type(fn).__name__}"
@@ -103,6 +111,10 @@ class Signature:
                     f"{name}(): the last {num_outputs} parameter(s) are outputs and must be arrays, "
                     f"but '{p.name}' is {p.describe_type()}"
                 )
+        self.outputs = _mark_aux(name, self.outputs, aux)
+        self.params = self.inputs + self.outputs
+        self.grad_outputs = tuple(p for p in self.outputs if p.carries_grad)
+        self.visible = tuple(j for j, p in enumerate(self.outputs) if not p.aux)  # what a call returns
         self.array_inputs = tuple(p for p in self.inputs if p.is_array)
         self.differentiable_inputs = tuple(p for p in self.inputs if p.differentiable)
 
@@ -153,10 +165,30 @@ class Signature:
         return self.kernel if self.kind == "kernel" else self.func
 
 
-def _function_params(fn: Callable, name: str) -> list[tuple[str, Any]]:
+def _mark_aux(name: str, outputs: tuple[Param, ...], aux: Any) -> tuple[Param, ...]:
+    if isinstance(aux, str):
+        aux = (aux,)
+    try:
+        aux = tuple(aux)
+    except TypeError:
+        raise WarpBridgeError(f"{name}(): aux must be a sequence of output names, got {aux!r}") from None
+    names = [p.name for p in outputs]
+    unknown = [a for a in aux if a not in names]
+    if unknown:
+        raise WarpBridgeError(f"{name}(): aux names {unknown}, which are not outputs; the outputs are {names}")
+    if aux and len(set(aux)) == len(outputs):
+        raise WarpBridgeError(f"{name}(): every output is auxiliary (aux={list(aux)}); an op must return one")
+    return tuple(dataclasses.replace(p, aux=True) if p.name in aux else p for p in outputs)
+
+
+def _function_params(fn: Callable, name: str, keywords: tuple[str, ...] = ()) -> tuple[list, frozenset]:
     sig = inspect.signature(fn)
     out = []
+    found = set()
     for p in sig.parameters.values():
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name in keywords:
+            found.add(p.name)  # a keyword warpbridge fills in itself (a backward's needs_input_grad)
+            continue
         ann = p.annotation
         if ann is inspect.Parameter.empty:
             raise WarpBridgeError(f"{name}(): parameter '{p.name}' of {fn.__name__}() needs a Warp type annotation")
@@ -171,7 +203,7 @@ def _function_params(fn: Callable, name: str) -> list[tuple[str, Any]]:
         if p.kind not in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
             raise WarpBridgeError(f"{name}(): parameter '{p.name}' must be positional, not {p.kind.description}")
         out.append((p.name, ann))
-    return out
+    return out, frozenset(found)
 
 
 def _element_info(op: str, label: str, dtype: Any) -> tuple[str, tuple[int, ...]]:

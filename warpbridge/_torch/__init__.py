@@ -18,6 +18,16 @@ from . import _core, _func
 from ._library import register as register  # the registered custom op of a WarpOp (op.torch_op)
 
 
+def info(a: torch.Tensor) -> tuple[str, tuple[int, ...], str]:
+    """(dtype name, shape, device) of a tensor, for validation that names them."""
+    return _core.DTYPE_NAMES.get(a.dtype) or str(a.dtype).replace("torch.", ""), tuple(a.shape), str(a.device)
+
+
+def cast(a: torch.Tensor, dtype_name: str) -> torch.Tensor:
+    """A differentiable cast (gradients come back in ``a``'s dtype)."""
+    return a.to(_core.TORCH_DTYPES[dtype_name])
+
+
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     if torch._C._is_any_autocast_enabled():
         args = _autocast(op, args)
@@ -104,6 +114,9 @@ class _Apply(torch.autograd.Function):
         for o, is_float in zip(outs, _core.float_outputs(c.op)):
             if not is_float:
                 ctx.mark_non_differentiable(o)
+        # Outputs no gradient reached (auxiliary and integer ones included) arrive as None:
+        # the backward makes zeros only where its adjoint reads them.
+        ctx.set_materialize_grads(False)
         return tuple(outs)
 
     @staticmethod

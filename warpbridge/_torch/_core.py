@@ -126,6 +126,8 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
                 output_dims,
                 *[(t.dtype, t.shape, t.stride(), t.device) for t in map(args.__getitem__, positions)],
             )
+            if op._dims_from_inputs or callable(output_dims):  # output shapes may depend on the scalars too
+                key += tuple([args[i] for _, i in op._scalar_packers])
             entry = op._fast.get(key)
         except (AttributeError, TypeError):
             key = entry = None
@@ -203,10 +205,8 @@ def refuse_second_order(name: str) -> None:
         )
 
 
-def needs_outputs(op: WarpOp) -> bool:
-    """Whether the backward reads the forward's outputs."""
-    return op.custom_backward is not None or (op.sig.kind == "kernel" and bool(op.sig.reads_outputs))
+needs_outputs = _plan.needs_outputs
 
 
 def float_outputs(op: WarpOp) -> tuple[bool, ...]:
-    return tuple(p.is_float for p in op.sig.outputs)
+    return tuple(p.carries_grad for p in op.sig.outputs)

@@ -221,6 +221,7 @@ class OpRule(Rule):
             self.args[i] = None  # the tensors travel through the Functions, not in the rule
         self.ld, self.od = launch_dims, output_dims
         self.float_outputs = _core.float_outputs(op)
+        self.save_outputs = _core.needs_outputs(op)  # a custom backward reads them: saved, not replayed
 
     def _args(self, tensors: Sequence[torch.Tensor]) -> list:
         args = list(self.args)
@@ -241,11 +242,11 @@ class OpRule(Rule):
         c, ts = self._core.prepare_cached(self.op, self._args(tensors), self.ld, self.od)
         it = iter(grads)
         full = [next(it) if f else None for f in self.float_outputs]
-        got = self._core.backward(c, ts, full, needs)
+        got = self._core.backward(c, ts, full, needs, outputs=outputs if self.save_outputs else None)
         return tuple(g if g is not None else torch.zeros_like(t) for g, t, n in zip(got, ts, needs) if n)
 
     def eager(self, tensors: Sequence[torch.Tensor]) -> tuple:
-        out = self.op(*self._args(tensors), launch_dims=self.ld, output_dims=self.od)
+        out = self.op.call_all(*self._args(tensors), launch_dims=self.ld, output_dims=self.od)
         return out if isinstance(out, tuple) else (out,)
 
     # -- folding the batch into the launch --

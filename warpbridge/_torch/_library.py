@@ -66,6 +66,7 @@ class _Registered:
         self.n_in = len(op.sig.inputs)
         self.out_names = [p.name for p in op.sig.outputs]
         self.arg_names = [p.name for p in op.sig.inputs] + ["launch_dims"] + _dims_names(op)
+        self.n_bwd = len(self.arg_names) + 2  # the backward op's arguments before its optional outputs
 
     def split(self, args: tuple, kwargs: dict) -> tuple[tuple, Any, Any]:
         # The dispatcher omits trailing defaulted arguments or passes them by name.
@@ -94,25 +95,29 @@ class _Registered:
     def _fake_shapes(self, inputs: tuple, ld: Any, od: Any) -> tuple[tuple, torch.device]:
         op = self.op
         op.check_arity(inputs)
-        first, device = None, torch.device("cpu")
+        first, device, shapes = None, torch.device("cpu"), []
         for p in op.sig.array_inputs:
             a = inputs[p.position]
             name = _core.DTYPE_NAMES.get(a.dtype, str(a.dtype))
             _plan.check_array(op.name, p, _plan.ArrayArg(0, name, tuple(a.shape), (0,) * a.dim()))
+            shapes.append(tuple(a.shape[: p.ndim]))
             if first is None:
-                first, device = tuple(a.shape[: p.ndim]), a.device
-        ld, od = op.dims(ld, od)
+                first, device = shapes[0], a.device
+        ld, od = op.dims(ld, od, _plan.input_values(op.sig, inputs, shapes))
         _, shapes = _plan.resolve_dims(op.name, op.sig, first, ld, od)
         return shapes, device
 
-    def backward_impl(self, *args: Any) -> list[torch.Tensor]:
+    def backward_impl(self, *args: Any, outputs: Any = None) -> list[torch.Tensor]:
+        if len(args) > self.n_bwd:  # the outputs passed positionally
+            args, outputs = args[: self.n_bwd], args[self.n_bwd]
         grads, needs = args[-2], args[-1]
         inputs, ld, od = self.split(args[:-2], {})
         c, tensors = _core.prepare(self.op, inputs, ld, od)
-        in_grads = _core.backward(c, tensors, grads, needs)
+        in_grads = _core.backward(c, tensors, grads, needs, outputs=outputs or None)
         return [g for g, n in zip(in_grads, needs) if n]
 
-    def backward_fake(self, *args: Any) -> list[torch.Tensor]:
+    def backward_fake(self, *args: Any, outputs: Any = None) -> list[torch.Tensor]:
+        args = args[: self.n_bwd]
         needs = args[-1]
         inputs = args[: self.n_in]
         tensors = [inputs[p.position] for p in self.op.sig.array_inputs]
@@ -149,7 +154,8 @@ def _register(op: WarpOp, name: str) -> Any:
     params += [f"SymInt[]? {n}=None" for n in _dims_names(op)]
     ret = "Tensor" if len(sig.outputs) == 1 else "(" + ", ".join(["Tensor"] * len(sig.outputs)) + ")"
     _LIB.define(f"{name}({', '.join(params)}) -> {ret}")
-    bwd_params = [s.split("=")[0] for s in params] + ["Tensor[] grads", "bool[] needs"]
+    # The forward's outputs, where the backward reads them (a custom backward): saved, not replayed.
+    bwd_params = [s.split("=")[0] for s in params] + ["Tensor[] grads", "bool[] needs", "Tensor[]? outputs=None"]
     _LIB.define(f"{name}_backward({', '.join(bwd_params)}) -> Tensor[]")
     for key in ("CPU", "CUDA"):
         _LIB.impl(name, reg.forward, key)
@@ -162,10 +168,15 @@ def _register(op: WarpOp, name: str) -> Any:
 
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         inputs = tuple(inputs) + (None,) * (n_args - len(inputs))
-        ctx.save_for_backward(*[inputs[p.position] for p in sig.array_inputs])
-        ctx.rest = [None if p.is_array else inputs[p.position] for p in sig.inputs] + list(inputs[n_in:])
         outs = output if isinstance(output, tuple) else (output,)
+        ctx.n_outputs = len(outs) if _core.needs_outputs(op) else 0
+        saved_outs = outs if ctx.n_outputs else ()
+        ctx.save_for_backward(*[inputs[p.position] for p in sig.array_inputs], *saved_outs)
+        ctx.rest = [None if p.is_array else inputs[p.position] for p in sig.inputs] + list(inputs[n_in:])
         ctx.out_meta = [(o.shape, o.dtype) for o in outs]
+        aux = [o for o, p in zip(outs, sig.outputs) if p.is_float and not p.carries_grad]
+        if aux:
+            ctx.mark_non_differentiable(*aux)
 
     def backward(ctx: Any, *grads: Any) -> tuple:
         _core.refuse_second_order(op.name)
@@ -173,14 +184,16 @@ def _register(op: WarpOp, name: str) -> Any:
         result: list[Any] = [None] * n_args
         if not any(needs):
             return tuple(result)
-        tensors = iter(ctx.saved_tensors)
+        saved = ctx.saved_tensors
+        outputs = list(saved[len(saved) - ctx.n_outputs :]) if ctx.n_outputs else None
+        tensors = iter(saved)
         args = [next(tensors) if p.is_array else ctx.rest[i] for i, p in enumerate(sig.inputs)] + ctx.rest[n_in:]
-        ref = ctx.saved_tensors[0]
+        ref = saved[0]
         grads = [
             g if g is not None else torch.zeros(shape, dtype=dtype, device=ref.device)
             for g, (shape, dtype) in zip(grads, ctx.out_meta)
         ]
-        in_grads = iter(backward_op(*args, grads, needs))
+        in_grads = iter(backward_op(*args, grads, needs, outputs))
         for p, n in zip(sig.array_inputs, needs):
             if n:
                 result[p.position] = next(in_grads)
@@ -193,6 +206,8 @@ def _register(op: WarpOp, name: str) -> Any:
 def schema_args(op: WarpOp, args: tuple, launch_dims: Any, output_dims: Any) -> tuple:
     """A call's arguments as the registered op's schema takes them (dims flattened)."""
     ld, od = op.dims(launch_dims, output_dims)
+    if callable(od):
+        od = None  # evaluated from the inputs by the registered op itself
     dims = [(od.get(p.name) if isinstance(od, dict) else od) for p in op.sig.outputs]
     return (*args, list(ld) if ld is not None else None, *[list(d) if d is not None else None for d in dims])
 
