@@ -7,6 +7,12 @@ keeps it for the backward, and differentiates with hand-written adjoints
 no dense (M, N) intermediate. Deterministic on the CPU, where queries are split over
 threads (:func:`set_num_threads`).
 
+The ops are declared with ``wb.op`` like any user's op (see ``_run``): one launch function
+per forward, a hand-written backward attached with ``backward=``, the kd-tree kept for it as
+auxiliary outputs. So they run wherever a ``wb.op`` runs: PyTorch (eager, ``torch.compile``,
+``torch.func``), JAX, Paddle, and forward-only on NumPy arrays and DLPack producers. This
+module only validates the point clouds and picks the ops for their float type.
+
 Non-finite coordinates never crash and never poison other rows: a reference point with a
 NaN or infinite coordinate is nobody's neighbour; a non-finite query point has no neighbours
 (a zero row from the aggregations, ``dist = inf`` and ``idx = -1`` from :func:`knn`).
@@ -14,51 +20,36 @@ NaN or infinite coordinate is nobody's neighbour; a non-finite query point has n
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 import sys
 from typing import Any
 
 from .._errors import describe, fail
+from .._op import adapter_for
+from . import _run
 from ._core import get_num_threads as get_num_threads
 from ._core import set_num_threads as set_num_threads
 
 __all__ = ["get_num_threads", "knn", "knn_aggregate", "radius_aggregate", "set_num_threads"]
 
 _ADAPTERS: dict[type, Any] = {}  # array type -> adapter module; a dict lookup torch.compile can trace
-_MODULES = {"torch": "torch", "jax": "jax", "jaxlib": "jax", "paddle": "paddle"}  # top-level module -> adapter
+_WANT = {"query": "(M, 3) points", "ref": "(N, 3) points", "features": "(N, F) features"}
 
 
 def _adapter(op: str, arrays: dict[str, Any]) -> Any:
     mods = {_ADAPTERS.get(type(a)) for a in arrays.values()}
     if len(mods) == 1 and None not in mods:
         return mods.pop()
-    found = None
-    for name, a in arrays.items():
-        top = _MODULES.get(type(a).__module__.partition(".")[0])
-        if top is None:
-            raise fail(op, f"'{name}' must be a torch.Tensor, jax.Array or paddle.Tensor, got {describe(a)}")
-        if found is not None and found != top:
-            raise fail(op, f"all arrays must come from one framework, got {found} and {top} ('{name}')")
-        found = top
-    mod = importlib.import_module(f"warpbridge.ops._{found}")
+    mod = adapter_for(op, [(name, a, _WANT[name]) for name, a in arrays.items()])
     for a in arrays.values():
         _ADAPTERS[type(a)] = mod
     return mod
 
 
-def _preload_torch() -> None:
-    # torch.compile cannot trace an import: when torch is already loaded, load its adapter
-    # (and register the custom ops) now, so that a first call inside a compiled region finds
-    # it in the dict. Frameworks the caller has not imported stay unimported.
-    if "torch" in sys.modules:
-        _ADAPTERS[sys.modules["torch"].Tensor] = importlib.import_module("warpbridge.ops._torch")
-
-
-def _check_clouds(op: str, adapter: Any, arrays: dict[str, Any]) -> None:
-    """Shapes (.., 3) for points, (N, F) features, one float dtype, one device."""
-    metas = {name: adapter.meta(a) for name, a in arrays.items()}
+def _check_clouds(op: str, adapter: Any, arrays: dict[str, Any]) -> str:
+    """Shapes (.., 3) for points, (N, F) features, one float dtype, one device; the dtype."""
+    metas = {name: adapter.info(a) for name, a in arrays.items()}
     for name, (dtype, shape, _) in metas.items():
         want = "(N, F)" if name == "features" else f"({'M' if name == 'query' else 'N'}, 3)"
         if len(shape) != 2 or (name != "features" and shape[1] != 3):
@@ -77,20 +68,35 @@ def _check_clouds(op: str, adapter: Any, arrays: dict[str, Any]) -> None:
             f"'features' must have one row per reference point: 'ref' has {metas['ref'][1][0]} points, "
             f"'features' has shape {metas['features'][1]}",
         )
+    return qd
 
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 _HALF = ("float16", "bfloat16")
 
 
-def _widen(adapter: Any, arrays: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """float16 and bfloat16 inputs are computed in float32 (distances, weights and sums would
-    lose too much in 8 or 11 bits): float32 copies, and the input dtype to return in. The
-    casts are ordinary framework ops, so gradients come back in the input dtype."""
-    dtype = adapter.meta(arrays["query"])[0]
+def _widen(op: str, adapter: Any, arrays: dict[str, Any], dtype: str) -> tuple[list, Any, str | None]:
+    """The arrays, the ops for their float type and, for float16 and bfloat16, the dtype to
+    return in: those are computed in float32 (distances, weights and sums would lose too much
+    in 8 or 11 bits), through float32 copies made by ordinary framework casts, so gradients
+    come back in the input dtype."""
     if dtype not in _HALF:
-        return arrays, None
-    return {k: adapter.cast(v, "float32") for k, v in arrays.items()}, dtype
+        return list(arrays.values()), _ops(dtype), None
+    try:
+        wide = [adapter.cast(v, "float32") for v in arrays.values()]
+    except TypeError as e:
+        raise fail(op, f"{dtype} inputs are computed in float32, but these arrays cannot be cast: {e}") from e
+    return wide, _ops("float32"), dtype
+
+
+_DECLARED: dict[str, Any] = {}
+
+
+def _ops(dtype: str) -> Any:
+    ops = _DECLARED.get(dtype)
+    if ops is None:
+        ops = _DECLARED[dtype] = _run.declared(dtype)
+    return ops
 
 
 def _positive(op: str, name: str, value: Any) -> float:
@@ -140,10 +146,10 @@ def radius_aggregate(query: Any, ref: Any, features: Any, radius: float, sigma: 
     op = "radius_aggregate"
     arrays = {"query": query, "ref": ref, "features": features}
     a = _adapter(op, arrays)
-    _check_clouds(op, a, arrays)
+    dtype = _check_clouds(op, a, arrays)
     radius, sigma = _positive(op, "radius", radius), _positive(op, "sigma", sigma)
-    arrays, half = _widen(a, arrays)
-    out = a.radius_aggregate(*arrays.values(), radius, sigma)
+    args, ops, half = _widen(op, a, arrays, dtype)
+    out = ops.radius_aggregate(*args, radius, sigma)
     return a.cast(out, half) if half else out
 
 
@@ -169,10 +175,10 @@ def knn(query: Any, ref: Any, k: int) -> tuple[Any, Any]:
     op = "knn"
     arrays = {"query": query, "ref": ref}
     a = _adapter(op, arrays)
-    _check_clouds(op, a, arrays)
-    k = _k(op, k, a.meta(ref)[1][0])
-    arrays, half = _widen(a, arrays)
-    dist, idx = a.knn(*arrays.values(), k)
+    dtype = _check_clouds(op, a, arrays)
+    k = _k(op, k, a.info(ref)[1][0])
+    args, ops, half = _widen(op, a, arrays, dtype)
+    dist, idx = ops.knn(*args, k)
     return (a.cast(dist, half) if half else dist), idx
 
 
@@ -202,11 +208,15 @@ def knn_aggregate(query: Any, ref: Any, features: Any, k: int, sigma: float) -> 
     op = "knn_aggregate"
     arrays = {"query": query, "ref": ref, "features": features}
     a = _adapter(op, arrays)
-    _check_clouds(op, a, arrays)
-    k, sigma = _k(op, k, a.meta(ref)[1][0]), _positive(op, "sigma", sigma)
-    arrays, half = _widen(a, arrays)
-    out = a.knn_aggregate(*arrays.values(), k, sigma)
+    dtype = _check_clouds(op, a, arrays)
+    k, sigma = _k(op, k, a.info(ref)[1][0]), _positive(op, "sigma", sigma)
+    args, ops, half = _widen(op, a, arrays, dtype)
+    out = ops.knn_aggregate(*args, k, sigma)
     return a.cast(out, half) if half else out
 
 
-_preload_torch()
+if "torch" in sys.modules:
+    # torch.compile cannot trace the making of an op (it registers a custom op): with torch
+    # loaded, make them now, so that a first call inside a compiled region finds them.
+    _ops("float32")
+    _ops("float64")

@@ -898,6 +898,7 @@ def kernels(scalar: Any) -> Any:
                 d_query[i] = dq
 
     return _Kernels(
+        T=T,
         V=V,
         tree_init=tree_init,
         tree_split=tree_split,
