@@ -28,6 +28,7 @@ import numpy as np
 import warp as wp
 
 from . import _plan
+from ._backend import Backend
 from ._errors import describe, fail
 
 _DL_CPU, _DL_CUDA = 1, 2
@@ -50,7 +51,7 @@ def is_producer(a: Any) -> bool:
     return isinstance(a, wp.array) or hasattr(a, "__dlpack__") or hasattr(a, "__cuda_array_interface__")
 
 
-class _Warp:
+class _Warp(Backend):
     """The description ``_plan.prepare`` validates against: the inputs as ``wp.array``."""
 
     name = "dlpack"
@@ -81,6 +82,18 @@ class _Warp:
     @staticmethod
     def warp_device(device: str) -> Any:
         return wp.get_device(device)
+
+    @staticmethod
+    def zeros(shape: tuple, dtype_name: str, device: Any) -> wp.array:
+        return wp.zeros(shape, dtype=wp.dtype_from_numpy(np.dtype(dtype_name)), device=device)
+
+    @staticmethod
+    def private_copy(a: wp.array) -> wp.array:
+        return wp.clone(a)
+
+    @staticmethod
+    def ptr(a: wp.array) -> int:
+        return a.ptr
 
 
 def _to_warp(op: Any, p: Any, a: Any) -> wp.array:
@@ -167,19 +180,9 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
         first = a if first is None else first
         args[p.position] = _to_warp(op, p, a)
     pr = _plan.prepare(op, args, launch_dims, output_dims, _Warp)
-    plan, sig, device = pr.plan, op.sig, wp.get_device(pr.device)
-    outs = [
-        wp.zeros(s + p.inner_shape, dtype=wp.dtype_from_numpy(np.dtype(p.dtype_name)), device=device)
-        for p, s in zip(sig.outputs, plan.out_shapes)
-    ]
+    device = wp.get_device(pr.device)
     stream = wp.get_stream(device) if device.is_cuda else None
-    ins = [a.ptr for a in pr.arrays]
-    out_ptrs = [o.ptr for o in outs]
-    if sig.kind == "kernel":
-        plan.forward(ins, pr.scalars, out_ptrs, stream)
-    else:
-        _plan.run_function(plan, ins, pr.scalars, out_ptrs, stream)
-    outs = _like(first, outs, device)
+    outs = _like(first, BACKEND.forward(pr.plan, pr.arrays, pr.scalars, device, stream), device)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -192,3 +195,19 @@ def _like(first: Any, outs: list, device: Any) -> list:
     if top == "warp" or device.is_cuda:
         return outs
     return [o.numpy() for o in outs]
+
+
+class WarpBackend(_Warp):
+    """wp.array and any DLPack / __cuda_array_interface__ producer; forward only."""
+
+    def call(self, op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
+        return call(op, args, launch_dims, output_dims)
+
+    def info(self, a: Any) -> tuple:
+        return info(a)
+
+    def cast(self, a: Any, dtype_name: str) -> Any:
+        return cast(a, dtype_name)
+
+
+BACKEND = WarpBackend()

@@ -26,6 +26,7 @@ import numpy as np
 import warp as wp
 
 from . import _plan
+from ._backend import Backend
 from ._errors import describe, fail
 from ._signature import Param
 
@@ -76,7 +77,7 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     # array; with explicit dims, or any other method, jax.vmap runs sequentially.
     fold = op.vmap_method == "broadcast_all" and ld is None and od is None and bool(layouts)
     key = (launch, out_shapes, tuple(scalars), tuple(avals), fold)
-    cache = op.__dict__.setdefault("_jax_fns", {})
+    cache = BACKEND.state(op).setdefault("fns", {})
     fn = cache.get(key)
     if fn is None:
         if len(cache) >= _MAX_CACHED:
@@ -272,3 +273,25 @@ def _with_grad(a: wp.array, grad: wp.array | None) -> wp.array:
         grad=grad,
         requires_grad=grad is not None,
     )
+
+
+class JaxBackend(Backend):
+    """JAX: one ``jax.custom_vjp`` of ``wp.jax_callable``s per call layout (module doc)."""
+
+    name = "jax"
+    array_name = "jax.Array"
+
+    def call(self, op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
+        return call(op, args, launch_dims, output_dims)
+
+    def info(self, a: Any) -> tuple:
+        return info(a)
+
+    def cast(self, a: Any, dtype_name: str) -> Any:
+        return cast(a, dtype_name)
+
+    def on_backward_attached(self, op: Any) -> None:
+        op._state.pop(self.name, None)  # functions built before now captured the old backward
+
+
+BACKEND = JaxBackend()

@@ -8,6 +8,7 @@ import numpy as np
 import warp as wp
 
 from . import _plan
+from ._backend import Backend
 from ._errors import fail
 
 
@@ -22,48 +23,49 @@ def _known(name: str) -> bool:
 _NAMES = {np.dtype(n): n for n in _plan._ITEMSIZE if _known(n)}
 
 
-class _NumPy:
+class NumPyBackend(Backend):
+    """NumPy arrays in, NumPy arrays out; forward only (NumPy has no autograd)."""
+
     name = "numpy"
     array_name = "numpy.ndarray"
     default_device = "cpu"
 
-    @staticmethod
-    def is_array(a: Any) -> bool:
+    def is_array(self, a: Any) -> bool:
         return isinstance(a, np.ndarray)
 
-    @staticmethod
-    def meta(a: np.ndarray) -> tuple:
+    def meta(self, a: np.ndarray) -> tuple:
         strides = tuple(s // a.itemsize for s in a.strides) if a.itemsize else a.strides
         return _NAMES.get(a.dtype), a.shape, strides, a.itemsize, "cpu"
 
-    @staticmethod
-    def contiguous(a: np.ndarray) -> np.ndarray:
+    def contiguous(self, a: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(a)
 
-    @staticmethod
-    def warp_device(device: str) -> Any:
+    def warp_device(self, device: str) -> Any:
         return wp.get_device(device)
 
+    def zeros(self, shape: tuple, dtype_name: str, device: Any) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype_name)
 
-def info(a: np.ndarray) -> tuple[str, tuple[int, ...], str]:
-    return _NAMES.get(a.dtype) or a.dtype.name, tuple(a.shape), "cpu"
+    def private_copy(self, a: np.ndarray) -> np.ndarray:
+        return np.array(a, order="C", copy=True)
+
+    def ptr(self, a: np.ndarray) -> int:
+        return a.ctypes.data
+
+    def info(self, a: np.ndarray) -> tuple[str, tuple[int, ...], str]:
+        return _NAMES.get(a.dtype) or a.dtype.name, tuple(a.shape), "cpu"
+
+    def cast(self, a: np.ndarray, dtype_name: str) -> np.ndarray:
+        return a.astype(dtype_name)
+
+    def call(self, op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
+        for p in op.sig.array_inputs:
+            a = args[p.position] if p.position < len(args) else None
+            if isinstance(a, np.ndarray) and any(s < 0 or s % max(a.itemsize, 1) for s in a.strides):
+                raise fail(op.name, f"argument '{p.name}' has negative or unaligned strides {a.strides}; pass a copy")
+        pr = _plan.prepare(op, args, launch_dims, output_dims, self)
+        outs = self.forward(pr.plan, pr.arrays, pr.scalars, "cpu", None)
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def cast(a: np.ndarray, dtype_name: str) -> np.ndarray:
-    return a.astype(dtype_name)
-
-
-def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
-    for p, a in zip(op.sig.array_inputs, (args[p.position] for p in op.sig.array_inputs if p.position < len(args))):
-        if isinstance(a, np.ndarray) and any(s < 0 or s % max(a.itemsize, 1) for s in a.strides):
-            raise fail(op.name, f"argument '{p.name}' has negative or unaligned strides {a.strides}; pass a copy")
-    pr = _plan.prepare(op, args, launch_dims, output_dims, _NumPy)
-    plan, sig = pr.plan, op.sig
-    outs = [np.zeros(s + p.inner_shape, dtype=p.dtype_name) for p, s in zip(sig.outputs, plan.out_shapes)]
-    ins = [a.ctypes.data for a in pr.arrays]
-    out_ptrs = [o.ctypes.data for o in outs]
-    if sig.kind == "kernel":
-        plan.forward(ins, pr.scalars, out_ptrs)
-    else:
-        _plan.run_function(plan, ins, pr.scalars, out_ptrs)
-    return outs[0] if len(outs) == 1 else tuple(outs)
+BACKEND = NumPyBackend()

@@ -8,37 +8,16 @@ import importlib
 import inspect
 import pickle
 import re
-import sys
 import threading
 from typing import Any
 
 import warp as wp
 
-from . import _adjoint, _backward, _plan
-from ._errors import WarpBridgeError, describe, fail
+from . import _adjoint, _backward, _frameworks, _plan
+from ._errors import WarpBridgeError, fail
 from ._signature import Signature
 
-# Adapter modules by the top-level module of the array type they serve. An adapter is
-# imported only when an argument of its framework arrives, so warpbridge never imports a
-# framework the caller has not imported.
-_ADAPTERS = {
-    "torch": "warpbridge._torch",
-    "numpy": "warpbridge._numpy",
-    "jax": "warpbridge._jax",
-    "paddle": "warpbridge._paddle",
-    "dlpack": "warpbridge._dlpack",  # any other producer of DLPack / __cuda_array_interface__ arrays
-}
-# Top-level modules whose array types belong to another framework's adapter: concrete JAX
-# arrays live in jaxlib, tracers in jax.
-_ALIASES = {"jaxlib": "jax", "warp": "dlpack", "cupy": "dlpack"}
-_FROM_DLPACK = {
-    "torch": "torch.from_dlpack(x)",
-    "numpy": "numpy.from_dlpack(x)",
-    "jax": "jax.dlpack.from_dlpack(x)",
-    "paddle": "paddle.utils.dlpack.from_dlpack(x)",
-}
-_LOADED: dict[str, Any] = {}  # a plain dict lookup, which torch.compile can trace (imports it cannot)
-_BY_TYPE: dict[type, Any] = {}  # array type -> adapter module, filled on first sight
+_BY_TYPE: dict[type, Any] = {}  # array type -> backend, filled on first sight
 # Plans are cheap to rebuild (~50 us) but eager shapes can vary without end (a new batch size
 # every step): past this many, a cache starts over rather than grow for the life of the op.
 MAX_CACHED = 256
@@ -81,9 +60,7 @@ class WarpOp:
         self._packers = tuple(_plan.make_scalar_packer(name, p) for p in self.sig.inputs if not p.is_array)
         self._scalar_packers = tuple(zip(self._packers, (p.position for p in self.sig.inputs if not p.is_array)))
         self._plans: dict[Any, _plan.Plan] = {}
-        self._torch_op = None
-        self._shared_registration = False  # set by an adapter that reused another op's registration
-        self._fast: dict[Any, Any] = {}  # adapters' per-layout cache of validated calls
+        self._state: dict[str, dict] = {}  # per backend: its caches and registrations (Backend.state)
         self._array_positions = tuple(p.position for p in self.sig.array_inputs)
         self._dims_from_inputs = callable(self.output_dims)
         self._lock = threading.Lock()
@@ -107,25 +84,17 @@ class WarpOp:
         self.registration_name = (
             name if explicit else _registration_name(fn, {**self._options, "backward": _source_of(backward)})
         )
-        if "torch" in sys.modules:
-            # Register now so that the first call inside torch.compile finds the op ready:
-            # registration itself cannot be traced.
-            _ = self.torch_op
+        for backend in _frameworks.loaded():
+            backend.on_new_op(self)  # e.g. a registration that cannot happen while tracing
 
     @property
     def fn(self) -> Any:
         """The wrapped kernel or function."""
         return self.sig.target
 
-    @property
-    def torch_op(self) -> Any:
-        """The registered ``torch.ops.warpbridge.<name>`` custom op (for opcheck and export)."""
-        if self._torch_op is None:
-            adapter = _load_adapter("torch")
-            with self._lock:
-                if self._torch_op is None:
-                    self._torch_op = adapter.register(self)
-        return self._torch_op
+    def __getattr__(self, name: str) -> Any:
+        # Attributes a backend gives every op: ``op.torch_op``, the registered custom op.
+        return _frameworks.op_attribute(self, name)
 
     def backward(self, fn: Any) -> Any:
         """Give the op its own backward, replacing Warp's generated adjoint; returns ``fn``.
@@ -142,15 +111,9 @@ class WarpOp:
                 f"already has a backward ({self.custom_backward.name}); an op takes one. Make a new op with "
                 "wb.op(kernel, backward=...) to use another",
             )
-        if self._shared_registration:
-            raise fail(
-                self.name,
-                "this op shares its registered custom op with another op object made from the same kernel; "
-                "attach the backward when the op is made (wb.op(kernel, backward=...)) or give this op its own "
-                "name (wb.op(kernel, name=...))",
-            )
+        for backend in _frameworks.loaded():
+            backend.on_backward_attached(self)  # may refuse; drops what captured the old backward
         self.custom_backward = _backward.CustomBackward(self, fn)
-        self.__dict__.pop("_jax_fns", None)  # JAX functions built before now captured the old backward
         return fn
 
     def check_gradient(self) -> None:
@@ -303,6 +266,7 @@ def _default_name(fn: Any) -> str:
 
 
 def _adapter(op: WarpOp, args: tuple) -> Any:
+    """The backend of the call's arrays (a dict lookup per array once their types are known)."""
     mod = None
     for i in op._array_positions:
         if i >= len(args):
@@ -314,51 +278,13 @@ def _adapter(op: WarpOp, args: tuple) -> Any:
     return mod if mod is not None else _find_adapter(op, args)
 
 
-def _load_adapter(name: str) -> Any:
-    """The adapter module for a framework name (imported on first use, by its module path)."""
-    mod = _LOADED.get(name)
-    if mod is None:
-        mod = _LOADED[name] = importlib.import_module(_ADAPTERS[name])
-    return mod
-
-
 def _find_adapter(op: WarpOp, args: tuple) -> Any:
     named = [(p.name, args[p.position], p.describe_type()) for p in op.sig.array_inputs if p.position < len(args)]
-    mod = adapter_for(op.name, named)
+    backend = _frameworks.for_arrays(op.name, named)
     for i in op._array_positions:
         if i < len(args):
-            _BY_TYPE[type(args[i])] = mod
-    return mod
-
-
-def adapter_for(op_name: str, named: Any) -> Any:
-    """The adapter module of the framework the arrays come from: ``named`` holds (argument
-    name, array, expected type in words). All arrays must come from one framework; with no
-    array, the framework the caller has loaded."""
-    found = None
-    for name, a, want in named:
-        top = type(a).__module__.partition(".")[0]
-        top = _ALIASES.get(top, top)
-        if top not in _ADAPTERS:
-            if not (hasattr(a, "__dlpack__") or hasattr(a, "__cuda_array_interface__")):
-                raise fail(
-                    op_name,
-                    f"argument '{name}' must be an array ({want}): a torch, NumPy, JAX or Paddle "
-                    f"array, or any array exposing __dlpack__ or __cuda_array_interface__; got {describe(a)}",
-                )
-            top = "dlpack"
-        if found is not None and top != found:
-            hint = ""
-            if "dlpack" in (top, found):
-                other = found if top == "dlpack" else top
-                hint = f": convert the DLPack array first ({_FROM_DLPACK[other]} shares its memory)"
-            raise fail(
-                op_name, f"all arrays must come from one framework, got {found} and {top} (argument '{name}'){hint}"
-            )
-        found = top
-    if found is None:  # no array input: take the framework the caller has loaded
-        found = "torch" if "torch" in sys.modules else "numpy"
-    return _load_adapter(found)
+            _BY_TYPE[type(args[i])] = backend
+    return backend
 
 
 def op(

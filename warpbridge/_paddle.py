@@ -16,6 +16,7 @@ import warp as wp
 from paddle.autograd import PyLayer
 
 from . import _plan
+from ._backend import Backend
 from ._errors import fail
 
 DTYPE_NAMES = {
@@ -40,7 +41,9 @@ def _place_name(t: paddle.Tensor) -> str:
     return "cpu"
 
 
-class _Paddle:
+class _Paddle(Backend):
+    """The Paddle backend: one PyLayer per call; ``BACKEND`` below."""
+
     name = "paddle"
     array_name = "paddle.Tensor"
     default_device = "cpu"
@@ -96,17 +99,7 @@ def _stream(device: str) -> Any:
 
 
 def _forward(op: Any, pr: _plan.Prepared) -> list:
-    plan, device = pr.plan, pr.device
-    outs = [
-        _Paddle.zeros(shape + p.inner_shape, p.dtype_name, device) for p, shape in zip(op.sig.outputs, plan.out_shapes)
-    ]
-    ins = [t.data_ptr() for t in pr.arrays]
-    out_ptrs = [o.data_ptr() for o in outs]
-    if op.sig.kind == "kernel":
-        plan.forward(ins, pr.scalars, out_ptrs, _stream(device))
-    else:
-        _plan.run_function(plan, ins, pr.scalars, out_ptrs, _stream(device))
-    return outs
+    return BACKEND.forward(pr.plan, pr.arrays, pr.scalars, pr.device, _stream(pr.device))
 
 
 class _Apply(PyLayer):
@@ -147,6 +140,20 @@ class _Apply(PyLayer):
         )
         result = tuple(g if need else None for g, need in zip(in_grads, ctx.needs))
         return result[0] if len(result) == 1 else result
+
+
+class PaddleBackend(_Paddle):
+    def call(self, op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
+        return call(op, args, launch_dims, output_dims)
+
+    def info(self, a: paddle.Tensor) -> tuple:
+        return info(a)
+
+    def cast(self, a: paddle.Tensor, dtype_name: str) -> paddle.Tensor:
+        return cast(a, dtype_name)
+
+
+BACKEND = PaddleBackend()
 
 
 def info(a: paddle.Tensor) -> tuple[str, tuple[int, ...], str]:

@@ -114,13 +114,16 @@ def normalize_dims(op: str, what: str, dims: Any) -> tuple[int, ...] | None:
     return out
 
 
+# Types of symbolic sizes a backend traces with (accepted as dims without forcing a guard).
+SYMBOLIC_DIMS: set = set()
+
+
 def _is_dim(d: Any) -> bool:
     if isinstance(d, bool):
         return False
     if isinstance(d, int):
         return d >= 0
-    # torch.SymInt under torch.compile(dynamic=True): accept without forcing a guard.
-    return type(d).__name__ == "SymInt"
+    return type(d) in SYMBOLIC_DIMS
 
 
 def normalize_output_dims(op: str, sig: Signature, output_dims: Any) -> Any:
@@ -336,6 +339,7 @@ class Plan:
             for p, (shape, _) in zip(sig.array_inputs, in_layouts)
         )
         self.in_layouts = in_layouts
+        self.cache: dict = {}  # per backend: what it derives once per plan (output allocations)
         self.warm = [False, False]  # functions: the forward / backward has run once (modules loaded)
         if sig.kind != "kernel" or self.size == 0:
             return  # functions launch their own kernels; empty launches launch nothing
@@ -358,6 +362,13 @@ class Plan:
         self._fill = _make_filler(sig)
         self._bounds_ref = ctypes.byref(self.bounds)  # byref keeps self.bounds alive
         self._forward = self.hooks.forward
+
+    def run(self, in_ptrs: Sequence[int], scalars: Sequence[Any], out_ptrs: Sequence[int], stream: Any = None) -> None:
+        """The forward: the kernel, or the launch function, into outputs the caller allocated."""
+        if self.sig.kind == "kernel":
+            self.forward(in_ptrs, scalars, out_ptrs, stream)
+        else:
+            run_function(self, in_ptrs, scalars, out_ptrs, stream)
 
     def forward(
         self, in_ptrs: Sequence[int], scalars: Sequence[Any], out_ptrs: Sequence[int], stream: Any = None
@@ -758,11 +769,7 @@ def _output_grad(fw: Any, p: Param, shape: tuple, g: Any, device: Any, private: 
 def _replay(plan: Plan, ins: Sequence[int], scalars: Sequence[Any], fw: Any, device: Any, stream: Any) -> list:
     """The forward's outputs, recomputed into fresh zeroed arrays."""
     outs = [fw.zeros(s + p.inner_shape, p.dtype_name, device) for p, s in zip(plan.sig.outputs, plan.out_shapes)]
-    ptrs = [fw.ptr(o) for o in outs]
-    if plan.sig.kind == "kernel":
-        plan.forward(ins, scalars, ptrs, stream)
-    else:
-        run_function(plan, ins, scalars, ptrs, stream)
+    plan.run(ins, scalars, [fw.ptr(o) for o in outs], stream)
     return outs
 
 

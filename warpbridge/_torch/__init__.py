@@ -14,8 +14,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import grad_buffer as _grad_buffer
-from . import _core, _func
-from ._library import register as register  # the registered custom op of a WarpOp (op.torch_op)
+from .._errors import fail
+from . import _core, _func, _library
 
 
 def info(a: torch.Tensor) -> tuple[str, tuple[int, ...], str]:
@@ -133,3 +133,37 @@ class _Apply(torch.autograd.Function):
         targets = _direct_targets(ctx.direct, tensors, needs) if ctx.direct else None
         in_grads = _core.backward(ctx.call, tensors, grads, needs, targets, outputs)
         return (None, None, *in_grads)
+
+
+class TorchBackend(_core._Torch):
+    """PyTorch: eager autograd, ``torch.compile`` through the registered custom op,
+    ``torch.func`` transforms, ``torch.autocast``."""
+
+    def call(self, op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
+        return call(op, args, launch_dims, output_dims)
+
+    def info(self, a: torch.Tensor) -> tuple:
+        return info(a)
+
+    def cast(self, a: torch.Tensor, dtype_name: str) -> torch.Tensor:
+        return cast(a, dtype_name)
+
+    def on_new_op(self, op: Any) -> None:
+        # Registered now, so that a first call inside torch.compile finds it (registration
+        # itself cannot be traced).
+        _library.registered(op)
+
+    def on_backward_attached(self, op: Any) -> None:
+        if op._state.get("torch", {}).get("shared"):
+            raise fail(
+                op.name,
+                "this op shares its registered custom op with another op object made from the same kernel; "
+                "attach the backward when the op is made (wb.op(kernel, backward=...)) or give this op its own "
+                "name (wb.op(kernel, name=...))",
+            )
+
+    def op_attribute(self, op: Any, name: str) -> Any:
+        return _library.registered(op)  # torch_op
+
+
+BACKEND = TorchBackend()

@@ -11,6 +11,7 @@ import torch
 import warp as wp
 
 from .. import _errors, _op, _plan
+from .._backend import Backend
 from .._op import WarpOp
 from . import _pool
 
@@ -30,6 +31,7 @@ for _name in ("uint16", "uint32", "uint64"):  # torch >= 2.3 has these, with lim
     if hasattr(torch, _name):
         DTYPE_NAMES[getattr(torch, _name)] = _name
 TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+_plan.SYMBOLIC_DIMS.add(torch.SymInt)  # sizes under torch.compile(dynamic=True)
 
 _NO_SCOPE = contextlib.nullcontext()
 _devices: dict[torch.device, Any] = {}
@@ -58,8 +60,9 @@ def warp_stream(device: torch.device) -> Any:
     return entry[1]
 
 
-class _Torch:
-    """The torch description that ``_plan.prepare`` validates against."""
+class _Torch(Backend):
+    """The torch backend's array side (what ``_plan.prepare`` and the gradient rules use);
+    ``warpbridge._torch.BACKEND`` adds the calls and hooks."""
 
     name = "torch"
     array_name = "torch.Tensor"
@@ -128,7 +131,8 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
             )
             if op._dims_from_inputs or callable(output_dims):  # output shapes may depend on the scalars too
                 key += tuple([args[i] for _, i in op._scalar_packers])
-            entry = op._fast.get(key)
+            fast = _fast(op)
+            entry = fast.get(key)
         except (AttributeError, TypeError):
             key = entry = None
         if entry is not None:
@@ -143,10 +147,22 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
         key = None
     c, tensors = prepare(op, args, launch_dims, output_dims)
     if key is not None and all(t is args[i] for t, i in zip(tensors, positions)):
-        if len(op._fast) >= _op.MAX_CACHED:
-            op._fast.clear()
-        op._fast[key] = (c.plan, c.device)
+        fast = _fast(op)
+        if len(fast) >= _op.MAX_CACHED:
+            fast.clear()
+        fast[key] = (c.plan, c.device)
     return c, tensors
+
+
+def _fast(op: WarpOp) -> dict:
+    """The op's validated calls by tensor layout: this backend's state on the op."""
+    st = op._state.get("torch")
+    if st is None:
+        st = op._state["torch"] = {}
+    fast = st.get("fast")
+    if fast is None:
+        fast = st["fast"] = {}
+    return fast
 
 
 def forward(call: Call, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -159,15 +175,15 @@ def forward(call: Call, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     if plan.sig.kind == "kernel":
         plan.forward(ins, call.scalars, out_ptrs, stream)
     else:
-        with _pool.scope(device, plan.device):
-            _plan.run_function(plan, ins, call.scalars, out_ptrs, stream)
+        with _pool.scope(device, plan.device):  # a launch function's own Warp allocations
+            plan.run(ins, call.scalars, out_ptrs, stream)
     return outs
 
 
 def _out_alloc(plan: _plan.Plan) -> tuple:
-    alloc = plan.__dict__.get("torch_out_alloc")
+    alloc = plan.cache.get("torch")
     if alloc is None:
-        alloc = plan.torch_out_alloc = tuple(
+        alloc = plan.cache["torch"] = tuple(
             (s + p.inner_shape, TORCH_DTYPES[p.dtype_name]) for p, s in zip(plan.sig.outputs, plan.out_shapes)
         )
     return alloc

@@ -132,7 +132,7 @@ def register(op: WarpOp) -> Any:
             if _same(found[0], op):
                 # the same kernel with the same options: one registration, whose implementation
                 # belongs to the first op object (so a backward attached later is refused here)
-                op._shared_registration = found[0] is not op
+                _state(op)["shared"] = found[0] is not op
                 return found[1]
             raise fail(
                 op.name,
@@ -203,6 +203,25 @@ def _register(op: WarpOp, name: str) -> Any:
     return getattr(torch.ops.warpbridge, name)
 
 
+def _state(op: WarpOp) -> dict:
+    st = op._state.get("torch")
+    if st is None:
+        st = op._state["torch"] = {}
+    return st
+
+
+def registered(op: WarpOp) -> Any:
+    """``op.torch_op``: the op's registered custom op, registered on first use."""
+    st = _state(op)
+    found = st.get("op")
+    if found is None:
+        with _LOCK:
+            found = st.get("op")
+            if found is None:
+                found = st["op"] = register(op)
+    return found
+
+
 def schema_args(op: WarpOp, args: tuple, launch_dims: Any, output_dims: Any) -> tuple:
     """A call's arguments as the registered op's schema takes them (dims flattened)."""
     ld, od = op.dims(launch_dims, output_dims)
@@ -214,4 +233,4 @@ def schema_args(op: WarpOp, args: tuple, launch_dims: Any, output_dims: Any) -> 
 
 def call(op: WarpOp, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     """The torch.compile path: the registered op, with dims flattened into the schema."""
-    return op.torch_op(*schema_args(op, args, launch_dims, output_dims))
+    return registered(op)(*schema_args(op, args, launch_dims, output_dims))

@@ -26,14 +26,14 @@ import sys
 from typing import Any
 
 from .._errors import describe, fail
-from .._op import adapter_for
+from .._frameworks import for_arrays
 from . import _run
 from ._core import get_num_threads as get_num_threads
 from ._core import set_num_threads as set_num_threads
 
 __all__ = ["get_num_threads", "knn", "knn_aggregate", "radius_aggregate", "set_num_threads"]
 
-_ADAPTERS: dict[type, Any] = {}  # array type -> adapter module; a dict lookup torch.compile can trace
+_ADAPTERS: dict[type, Any] = {}  # array type -> backend; a dict lookup torch.compile can trace
 _WANT = {"query": "(M, 3) points", "ref": "(N, 3) points", "features": "(N, F) features"}
 
 
@@ -41,7 +41,7 @@ def _adapter(op: str, arrays: dict[str, Any]) -> Any:
     mods = {_ADAPTERS.get(type(a)) for a in arrays.values()}
     if len(mods) == 1 and None not in mods:
         return mods.pop()
-    mod = adapter_for(op, [(name, a, _WANT[name]) for name, a in arrays.items()])
+    mod = for_arrays(op, [(name, a, _WANT[name]) for name, a in arrays.items()])
     for a in arrays.values():
         _ADAPTERS[type(a)] = mod
     return mod

@@ -1,0 +1,91 @@
+"""The protocol a framework backend implements: everything the core asks of a framework.
+
+The core (``_op``, ``_signature``, ``_plan``, ``_gradients``, ``_functions``, ``_backward``,
+``_adjoint``) imports and names no framework. Each framework has one adapter module with one
+:class:`Backend` instance, ``BACKEND``; ``_frameworks`` says which adapter serves which array
+type and loads it the first time an array of its framework arrives. Adding a framework means
+writing one subclass and one line in ``_frameworks.ADAPTERS``; see ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class Backend:
+    """One framework's side of every call. Subclasses override what their framework needs;
+    the defaults here are shared by all of them."""
+
+    name: str = "?"  # the key in _frameworks.ADAPTERS, op._state and plan.cache
+    array_name: str = "array"  # in messages: "argument 'x' must be a <array_name>"
+    default_device: Any = "cpu"  # where an op with no array input runs
+
+    # -- arrays: what validation (_plan.prepare) and the gradient rules (_gradients) use ------
+
+    def is_array(self, a: Any) -> bool:
+        raise NotImplementedError
+
+    def meta(self, a: Any) -> tuple:
+        """(dtype name or None if Warp has no such type, shape, element strides, itemsize, device)."""
+        raise NotImplementedError
+
+    def contiguous(self, a: Any) -> Any:
+        """A packed copy (for vector/matrix elements Warp needs packed); differentiable where
+        the framework has autograd."""
+        raise NotImplementedError
+
+    def warp_device(self, device: Any) -> Any:
+        raise NotImplementedError
+
+    def zeros(self, shape: tuple, dtype_name: str, device: Any) -> Any:
+        raise NotImplementedError
+
+    def private_copy(self, a: Any) -> Any:
+        """A contiguous copy nothing else references (the adjoint may write into it)."""
+        raise NotImplementedError
+
+    def ptr(self, a: Any) -> int:
+        raise NotImplementedError
+
+    def info(self, a: Any) -> tuple[str, tuple[int, ...], str]:
+        """(dtype name, shape, device in words), for validation that names them."""
+        raise NotImplementedError
+
+    def cast(self, a: Any, dtype_name: str) -> Any:
+        """A cast the framework differentiates (gradients come back in ``a``'s dtype)."""
+        raise NotImplementedError
+
+    # -- calls ------------------------------------------------------------------------------
+
+    def call(self, op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
+        """Run ``op`` on this framework's arrays; return every output (one array, or a tuple)."""
+        raise NotImplementedError
+
+    def forward(self, plan: Any, arrays: Sequence[Any], scalars: Sequence[Any], device: Any, stream: Any) -> list:
+        """Zeroed outputs from the framework, and the kernel or launch function run into them."""
+        outs = [self.zeros(s + p.inner_shape, p.dtype_name, device) for p, s in zip(plan.sig.outputs, plan.out_shapes)]
+        plan.run([self.ptr(a) for a in arrays], scalars, [self.ptr(o) for o in outs], stream)
+        return outs
+
+    # -- hooks: the op's life, seen by every loaded backend ------------------------------------
+
+    def on_new_op(self, op: Any) -> None:
+        """An op was made while this framework is loaded (torch registers its custom op)."""
+
+    def on_backward_attached(self, op: Any) -> None:
+        """A custom backward is about to be attached: refuse, or drop what captured the old one."""
+
+    def op_attribute(self, op: Any, name: str) -> Any:
+        """An attribute this backend gives every op (``_frameworks.OP_ATTRIBUTES``)."""
+        raise AttributeError(f"'WarpOp' object has no attribute '{name}'")
+
+    def state(self, op: Any) -> dict:
+        """This backend's per-op state (caches, registrations): never attributes on the op."""
+        st = op._state.get(self.name)
+        if st is None:
+            st = op._state[self.name] = {}
+        return st
+
+    def __repr__(self) -> str:
+        return f"<warpbridge backend {self.name}>"

@@ -1,0 +1,83 @@
+"""Which backend serves which array type. The one module that names frameworks: as data,
+never importing one. A backend is loaded (its adapter module imported) the first time an
+array of its framework arrives, so ``import warpbridge`` imports no framework."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+from ._errors import describe, fail
+
+# Adapter module by the top-level module of the array types it serves.
+ADAPTERS = {
+    "torch": "warpbridge._torch",
+    "numpy": "warpbridge._numpy",
+    "jax": "warpbridge._jax",
+    "paddle": "warpbridge._paddle",
+    "dlpack": "warpbridge._dlpack",  # any other producer of DLPack / __cuda_array_interface__ arrays
+}
+# Top-level modules whose array types another adapter serves: concrete JAX arrays live in
+# jaxlib, tracers in jax.
+ALIASES = {"jaxlib": "jax", "warp": "dlpack", "cupy": "dlpack"}
+# With no array input, the first of these frameworks the caller has imported.
+DEFAULTS = ("torch", "numpy")
+FROM_DLPACK = {
+    "torch": "torch.from_dlpack(x)",
+    "numpy": "numpy.from_dlpack(x)",
+    "jax": "jax.dlpack.from_dlpack(x)",
+    "paddle": "paddle.utils.dlpack.from_dlpack(x)",
+}
+# Attributes of every op that a backend provides, by the framework providing them.
+OP_ATTRIBUTES = {"torch_op": "torch"}  # the registered torch.ops.warpbridge.<name>
+_LOADED: dict[str, Any] = {}  # a plain dict lookup, which torch.compile can trace (imports it cannot)
+
+
+def load(name: str) -> Any:
+    """The backend of a framework (its adapter imported on first use)."""
+    b = _LOADED.get(name)
+    if b is None:
+        b = _LOADED[name] = importlib.import_module(ADAPTERS[name]).BACKEND
+    return b
+
+
+def loaded() -> list:
+    """The backends of the frameworks the caller has imported (loading their adapters)."""
+    return [load(name) for name in ADAPTERS if name in _LOADED or (name != "dlpack" and name in sys.modules)]
+
+
+def for_arrays(op_name: str, named: Any) -> Any:
+    """The backend of the framework the arrays come from: ``named`` holds (argument name,
+    array, expected type in words). All arrays must come from one framework."""
+    found = None
+    for name, a, want in named:
+        top = type(a).__module__.partition(".")[0]
+        top = ALIASES.get(top, top)
+        if top not in ADAPTERS:
+            if not (hasattr(a, "__dlpack__") or hasattr(a, "__cuda_array_interface__")):
+                raise fail(
+                    op_name,
+                    f"argument '{name}' must be an array ({want}): a torch, NumPy, JAX or Paddle "
+                    f"array, or any array exposing __dlpack__ or __cuda_array_interface__; got {describe(a)}",
+                )
+            top = "dlpack"
+        if found is not None and top != found:
+            hint = ""
+            if "dlpack" in (top, found):
+                other = found if top == "dlpack" else top
+                hint = f": convert the DLPack array first ({FROM_DLPACK[other]} shares its memory)"
+            raise fail(
+                op_name, f"all arrays must come from one framework, got {found} and {top} (argument '{name}'){hint}"
+            )
+        found = top
+    if found is None:
+        found = next((n for n in DEFAULTS if n in sys.modules), DEFAULTS[-1])
+    return load(found)
+
+
+def op_attribute(op: Any, name: str) -> Any:
+    framework = OP_ATTRIBUTES.get(name)
+    if framework is None:
+        raise AttributeError(f"'WarpOp' object has no attribute '{name}'")
+    return load(framework).op_attribute(op, name)
