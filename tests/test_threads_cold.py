@@ -56,3 +56,38 @@ def test_first_calls_from_many_threads_at_once_in_fresh_processes():
         out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, f"run {run}: exit {out.returncode}\n{out.stderr[-3000:]}"
         assert out.stdout.strip().splitlines()[-1] == "OK", out.stdout[-2000:]
+
+
+def test_a_tape_records_only_the_launches_of_its_own_thread():
+    """Warp keeps one active tape per process; warpbridge makes it per thread, so a launch
+    function's backward tape neither records another thread's launches nor collides with a
+    tape opened in another thread at the same time."""
+    import threading
+
+    import adjoint_kernels as A
+    import warp as wp
+
+    import warpbridge as wb
+
+    wb.op(A.pow_unrolled)  # warpbridge initialises Warp
+    x = wp.array([1.0, 2.0], dtype=wp.float64)
+    y = wp.zeros(2, dtype=wp.float64)
+    inside, errors = threading.Event(), []
+
+    def other_thread():
+        try:
+            wp.launch(A.pow_unrolled, dim=2, inputs=[x], outputs=[y])  # not recorded by the main thread's tape
+            with wp.Tape() as own:  # a second tape at the same time
+                wp.launch(A.pow_unrolled, dim=2, inputs=[x], outputs=[y])
+            assert len(own.launches) == 1
+        except Exception as e:  # re-raised in the main thread
+            errors.append(e)
+        inside.set()
+
+    with wp.Tape() as tape:
+        t = threading.Thread(target=other_thread)
+        t.start()
+        assert inside.wait(60)
+        t.join()
+    assert not errors, errors
+    assert tape.launches == []

@@ -12,6 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import warp as wp
+
+from ._plan import contiguous_strides
+from ._signature import _SCALAR_NAMES
+
 
 class Backend:
     """One framework's side of every call. Subclasses override what their framework needs;
@@ -89,3 +94,40 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<warpbridge backend {self.name}>"
+
+
+_WARP_TYPES = {name: t for t, name in _SCALAR_NAMES.items()}
+
+
+class WarpArrays(Backend):
+    """``wp.array``s as a backend's arrays: the DLPack backend's inputs, and what a JAX
+    callback receives, so JAX runs the very same gradient rules (``_plan.backward``)."""
+
+    name = "warp"
+    array_name = "wp.array"
+
+    def is_array(self, a: Any) -> bool:
+        return isinstance(a, wp.array)
+
+    def meta(self, a: wp.array) -> tuple:
+        # A vector/matrix dtype is seen as trailing dims of its scalar, as frameworks hold them.
+        scalar = getattr(a.dtype, "_wp_scalar_type_", a.dtype)
+        inner = tuple(getattr(a.dtype, "_shape_", ()))
+        itemsize = wp.types.type_size_in_bytes(scalar)
+        strides = tuple(s // itemsize for s in a.strides) + contiguous_strides(inner, 1)
+        return _SCALAR_NAMES.get(scalar), tuple(a.shape) + inner, strides, itemsize, a.device.alias
+
+    def contiguous(self, a: wp.array) -> wp.array:
+        return wp.clone(a)
+
+    def warp_device(self, device: Any) -> Any:
+        return wp.get_device(device)
+
+    def zeros(self, shape: tuple, dtype_name: str, device: Any) -> wp.array:
+        return wp.zeros(shape, dtype=_WARP_TYPES[dtype_name], device=device)
+
+    def private_copy(self, a: wp.array) -> wp.array:
+        return wp.clone(a)
+
+    def ptr(self, a: wp.array) -> int:
+        return a.ptr

@@ -28,7 +28,7 @@ import numpy as np
 import warp as wp
 
 from . import _plan
-from ._backend import Backend
+from ._backend import WarpArrays
 from ._errors import describe, fail
 
 _DL_CPU, _DL_CUDA = 1, 2
@@ -51,49 +51,12 @@ def is_producer(a: Any) -> bool:
     return isinstance(a, wp.array) or hasattr(a, "__dlpack__") or hasattr(a, "__cuda_array_interface__")
 
 
-class _Warp(Backend):
-    """The description ``_plan.prepare`` validates against: the inputs as ``wp.array``."""
+class _Warp(WarpArrays):
+    """What ``_plan.prepare`` validates against: the inputs as ``wp.array``."""
 
     name = "dlpack"
     array_name = "array (DLPack, __cuda_array_interface__ or wp.array)"
     default_device = "cpu"
-
-    @staticmethod
-    def is_array(a: Any) -> bool:
-        return isinstance(a, wp.array)
-
-    @staticmethod
-    def meta(a: wp.array) -> tuple:
-        # A vector/matrix dtype is seen as trailing dims of its scalar, as frameworks hold them.
-        scalar = getattr(a.dtype, "_wp_scalar_type_", a.dtype)
-        inner = tuple(getattr(a.dtype, "_shape_", ()))
-        itemsize = wp.types.type_size_in_bytes(scalar)
-        try:
-            name = np.dtype(wp.dtype_to_numpy(scalar)).name
-        except Exception:  # a struct or other type with no NumPy equivalent
-            name = None
-        strides = tuple(s // itemsize for s in a.strides) + _plan.contiguous_strides(inner, 1)
-        return name, tuple(a.shape) + inner, strides, itemsize, a.device.alias
-
-    @staticmethod
-    def contiguous(a: wp.array) -> wp.array:
-        return wp.clone(a)
-
-    @staticmethod
-    def warp_device(device: str) -> Any:
-        return wp.get_device(device)
-
-    @staticmethod
-    def zeros(shape: tuple, dtype_name: str, device: Any) -> wp.array:
-        return wp.zeros(shape, dtype=wp.dtype_from_numpy(np.dtype(dtype_name)), device=device)
-
-    @staticmethod
-    def private_copy(a: wp.array) -> wp.array:
-        return wp.clone(a)
-
-    @staticmethod
-    def ptr(a: wp.array) -> int:
-        return a.ptr
 
 
 def _to_warp(op: Any, p: Any, a: Any) -> wp.array:
@@ -160,7 +123,7 @@ def info(a: Any) -> tuple[str, tuple[int, ...], str]:
     if w is None:  # __cuda_array_interface__ only
         desc = a.__cuda_array_interface__
         return np.dtype(desc["typestr"]).name, tuple(desc["shape"]), "cuda"
-    name, shape, _, _, device = _Warp.meta(w)
+    name, shape, _, _, device = BACKEND.meta(w)
     return name or str(w.dtype), shape, str(device)
 
 
@@ -179,7 +142,7 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
             raise fail(op.name, f"argument '{p.name}' must be a {_Warp.array_name}, got {describe(a)}")
         first = a if first is None else first
         args[p.position] = _to_warp(op, p, a)
-    pr = _plan.prepare(op, args, launch_dims, output_dims, _Warp)
+    pr = _plan.prepare(op, args, launch_dims, output_dims, BACKEND)
     device = wp.get_device(pr.device)
     stream = wp.get_stream(device) if device.is_cuda else None
     outs = _like(first, BACKEND.forward(pr.plan, pr.arrays, pr.scalars, device, stream), device)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import types
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -26,7 +27,7 @@ import numpy as np
 import warp as wp
 
 from . import _plan
-from ._backend import Backend
+from ._backend import Backend, WarpArrays
 from ._errors import describe, fail
 from ._signature import Param
 
@@ -108,125 +109,73 @@ def _annotated(fn: Any, params: list[tuple[str, Any]]) -> Any:
     return fn
 
 
+_WARP = WarpArrays()  # inside the callbacks the arrays are wp.arrays
+
+
 def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes: tuple, fold: bool) -> Any:
+    """The op as a ``jax.custom_vjp`` whose forward and backward are ``wp.jax_callable``s.
+
+    Inside them the arrays are ``wp.array``s, validated and launched through the same
+    ``_plan.prepare`` / ``Plan.run`` / ``_plan.backward`` as every other framework's, so JAX
+    has no gradient rules of its own."""
     sig = op.sig
     ins: list[Param] = sig.array_inputs
     outs: list[Param] = sig.outputs
     diff = [i for i, p in enumerate(ins) if p.differentiable]
     fouts = [j for j, p in enumerate(outs) if p.carries_grad]
+    saves = _plan.needs_outputs(op)  # the backward reads the forward's outputs: residuals
+    # folded (vmap_method="broadcast_all"): the batch sits in the first dim and the dims follow it
+    ld = None if fold else launch
+    od = None if fold else {p.name: s for p, s in zip(outs, out_shapes)}
+    state = types.SimpleNamespace(warm=[False, False])  # first runs load modules: under the lock
 
-    state = types.SimpleNamespace(warm=[False, False, False])  # first runs load modules: under the lock
+    def prepared(a_in: Sequence[wp.array]) -> _plan.Prepared:
+        return _plan.prepare(op, _merge(sig, list(a_in), scalars), ld, od, _WARP)
 
     def forward(*arrays):
         with _plan.first_run(state, 0):
-            _forward(*arrays)
+            a_in, a_out = arrays[: len(ins)], arrays[len(ins) :]
+            pr = prepared(a_in)
+            for o in a_out:
+                o.zero_()  # outputs start zeroed, as on every framework (kernels may accumulate)
+            pr.plan.run([a.ptr for a in pr.arrays], pr.scalars, [o.ptr for o in a_out])
 
-    def _forward(*arrays):
-        a_in, a_out = list(arrays[: len(ins)]), list(arrays[len(ins) :])
-        for o in a_out:
-            o.zero_()  # outputs start zeroed, as on every framework (kernels may accumulate)
-        if sig.kind == "kernel":
-            dim = a_in[0].shape if fold else launch  # folded: the batch is in the first dim
-            wp.launch(sig.kernel, dim=dim, inputs=_merge(sig, a_in, scalars), outputs=a_out)
-        else:
-            sig.func(*_merge(sig, a_in, scalars), *a_out)
+    def backward(*arrays):
+        with _plan.first_run(state, 1):
+            n, no, m = len(ins), len(outs) if saves else 0, len(fouts)
+            a_in, saved = arrays[:n], list(arrays[n : n + no]) or None
+            g_out, g_in = arrays[n + no : n + no + m], arrays[n + no + m :]
+            for g in g_in:
+                g.zero_()  # the adjoint adds into them (direct targets)
+            pr = prepared(a_in)
+            grads: list = [None] * len(outs)
+            for j, g in zip(fouts, g_out):
+                grads[j] = g
+            targets: list = [None] * n
+            for i, g in zip(diff, g_in):
+                targets[i] = g
+            needs = [p.differentiable for p in ins]
+            _plan.backward(
+                op, pr.plan, pr.scalars, pr.arrays, grads, needs, _WARP, pr.device, None, targets, saved, True
+            )
 
-    vmap_method = "broadcast_all" if fold else "sequential"
     fwd_params = [(p.name, p.wp_type) for p in ins] + [(p.name, p.wp_type) for p in outs]
+    vmap_method = "broadcast_all" if fold else "sequential"
     fwd = wp.jax_callable(
         _annotated(forward, fwd_params),
         num_outputs=len(outs),
         vmap_method=vmap_method,
         output_dims={p.name: s for p, s in zip(outs, out_shapes)},
     )
-
-    def backward(*arrays):
-        with _plan.first_run(state, 1):
-            _backward(*arrays)
-
-    def _backward(*arrays):
-        n, m = len(ins), len(fouts)
-        a_in = list(arrays[:n])
-        g_out = list(arrays[n : n + m])
-        g_in = list(arrays[n + m :])
-        for g in g_in:
-            g.zero_()  # gradients are fresh: the adjoint accumulates into them
-        grads_by_input = dict(zip(diff, g_in))
-        adj_out, scratch = [], []
-        gi = iter(g_out)
-        for j, (p, shape) in enumerate(zip(outs, out_shapes)):
-            if j in fouts:
-                g = next(gi)
-                # The adjoint may add into an output's gradient when the kernel reads that
-                # output, and a tape may always: give it a private copy of JAX's cotangent.
-                if sig.kind == "function" or p.name in sig.tracked_outputs:
-                    g = wp.clone(g)
-                adj_out.append(g)
-            else:
-                adj_out.append(None)
-            # the forward's outputs (folded: outputs follow the first array, batch included)
-            scratch.append(wp.zeros(a_in[0].shape if fold else shape, dtype=p.wp_type.dtype))
-        if sig.kind == "kernel" and sig.reads_outputs:  # the adjoint reads what the forward left
-            dim = a_in[0].shape if fold else launch
-            wp.launch(sig.kernel, dim=dim, inputs=_merge(sig, a_in, scalars), outputs=scratch)
-        for p, s_, g in zip(outs, scratch, adj_out):
-            if g is not None and p.name in sig.tracked_outputs:
-                s_.grad = g  # as Warp's Tape: stores consume the gradient of what they overwrite
-        if sig.kind == "kernel":
-            adj_in = []
-            ai = iter(range(len(ins)))
-            for p in sig.inputs:
-                if p.is_array:
-                    adj_in.append(grads_by_input.get(next(ai)))
-                else:
-                    adj_in.append(_zero_scalar(p))
-            wp.launch(
-                sig.kernel,
-                dim=a_in[0].shape if fold else launch,
-                inputs=_merge(sig, a_in, scalars),
-                outputs=scratch,
-                adj_inputs=adj_in,
-                adj_outputs=adj_out,
-                adjoint=True,
-            )
-        else:
-            wrapped = [_with_grad(a, grads_by_input.get(i)) for i, a in enumerate(a_in)]
-            outs_g = [_with_grad(s, g) for s, g in zip(scratch, adj_out)]
-            tape = wp.Tape()
-            with tape:
-                kept = _plan.call_keeping_locals(sig.func, [*_merge(sig, wrapped, scalars), *outs_g])
-            _plan.check_recorded(op, tape)
-            tape.backward()
-            del kept
-            # no tape.reset(): it would zero the gradients just computed
-
-    cb = op.custom_backward
-
-    def custom(*arrays):
-        with _plan.first_run(state, 2):
-            _custom(*arrays)
-
-    def _custom(*arrays):
-        n, no, m = len(ins), len(outs), len(fouts)
-        a_in, a_out = list(arrays[:n]), list(arrays[n : n + no])
-        g_out, g_in = list(arrays[n + no : n + no + m]), list(arrays[n + no + m :])
-        for g in g_in:
-            g.zero_()
-        args = [*_merge(sig, a_in, scalars), *a_out, *g_out]
-        if cb.sig.kind == "kernel":
-            wp.launch(cb.sig.kernel, dim=a_in[0].shape if fold else launch, inputs=args, outputs=g_in)
-        else:
-            needs = {"needs_input_grad": (True,) * len(g_in)} if cb.takes_needs else {}
-            cb.sig.func(*args, *g_in, **needs)
-
     bwd_params = [(p.name, p.wp_type) for p in ins]
-    if cb is not None:
+    if saves:
         bwd_params += [(f"out_{p.name}", p.wp_type) for p in outs]
     bwd_params += [(f"grad_{outs[j].name}", outs[j].wp_type) for j in fouts]
     bwd_params += [(f"grad_{ins[i].name}", ins[i].wp_type) for i in diff]
+    cb = op.custom_backward
     bwd = (
         wp.jax_callable(
-            _annotated(custom if cb is not None else backward, bwd_params),
+            _annotated(backward, bwd_params),
             num_outputs=len(diff),
             vmap_method=vmap_method,
             output_dims={f"grad_{ins[i].name}": in_shapes[i] for i in diff},
@@ -241,7 +190,7 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
 
     def f_fwd(*arrays):
         outs_ = f(*arrays)
-        return outs_, (arrays, outs_ if cb is not None else ())
+        return outs_, (arrays, outs_ if saves else ())
 
     def f_bwd(res, cotangents):
         arrays, saved = res
@@ -256,23 +205,6 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
 
     f.defvjp(f_fwd, f_bwd)
     return f
-
-
-def _zero_scalar(p: Param) -> Any:
-    return p.wp_type(0) if not p.inner_shape else p.wp_type()
-
-
-def _with_grad(a: wp.array, grad: wp.array | None) -> wp.array:
-    """A view of ``a`` that carries ``grad`` (None: no gradient)."""
-    return wp.array(
-        ptr=a.ptr,
-        dtype=a.dtype,
-        shape=a.shape,
-        strides=a.strides,
-        device=a.device,
-        grad=grad,
-        requires_grad=grad is not None,
-    )
 
 
 class JaxBackend(Backend):

@@ -48,8 +48,9 @@ DIRECT_CPU = True
 
 
 def ensure_init() -> None:
-    """Initialise Warp once (wp.from_paddle and friends fail before wp.init())."""
-    if not wp._src.context.runtime:
+    """Initialise Warp once (wp.from_paddle and friends fail before wp.init()), with a
+    ``wp.Tape`` per thread (see :func:`_thread_local_tape`)."""
+    if not wp._src.context.runtime or not _TAPE_PER_THREAD:
         with _INIT_LOCK:
             if not wp._src.context.runtime:
                 # warpbridge's own init skips Warp's greeting; warnings still show.
@@ -59,6 +60,40 @@ def ensure_init() -> None:
                     wp.init()
                 finally:
                     wp.config.log_level = level
+            if not _TAPE_PER_THREAD:
+                _thread_local_tape(wp._src.context.runtime)
+                _TAPE_PER_THREAD.append(True)
+
+
+_TAPE_PER_THREAD: list = []
+
+
+def _thread_local_tape(runtime: Any) -> None:
+    """Make Warp's active tape a per-thread setting.
+
+    Warp keeps one active ``wp.Tape`` per process (``runtime.tape``): while a launch
+    function's backward records its tape in one thread, every ``wp.launch`` from other
+    threads (another op's forward, a data loader) was recorded into it and replayed by its
+    backward, and a second thread opening a tape got "entering a tape while one is already
+    active". Measured: 1 fresh process in 2 failed ``tests/test_threads_cold.py``. A tape now
+    records the launches of the thread that opened it, which is what it does in a
+    single-threaded program.
+    """
+    cls = type(runtime)
+    if getattr(cls, "_tape_per_thread", False):
+        return
+    local = threading.local()
+    current = runtime.__dict__.pop("tape", None)
+
+    def get_tape(self: Any) -> Any:
+        return getattr(local, "tape", None)
+
+    def set_tape(self: Any, tape: Any) -> None:
+        local.tape = tape
+
+    runtime.__class__ = type(cls.__name__, (cls,), {"_tape_per_thread": True, "tape": property(get_tape, set_tape)})
+    if current is not None:
+        local.tape = current
 
 
 class ArrayArg(NamedTuple):
@@ -696,13 +731,16 @@ def backward(
     stream: Any,
     targets: Sequence[Any] | None = None,
     outputs: Sequence[Any] | None = None,
+    fresh_targets: bool = False,
 ) -> list:
     """The framework-neutral backward: input gradients (None where not needed or where a
     ``targets`` array received them in place) from the output gradients ``grads``.
 
     Input gradients are fresh zeroed arrays from the framework (rule 3). Output gradients are
     only read, unless the adjoint could add into them (the kernel reads that output), in which
-    case it gets a private copy (rule 2). ``outputs``: the forward's outputs, where the
+    case it gets a private copy (rule 2). ``targets`` receive Warp's adjoint by addition
+    (a GradBuffer view); ``fresh_targets`` says they are zeroed buffers nothing else holds (a
+    JAX callback's outputs), which a custom backward may fill too. ``outputs``: the forward's outputs, where the
     framework saved them; otherwise they are recomputed when the backward needs them. ``fw``
     adds to the ``prepare`` description: ``zeros(shape, dtype name, device)``,
     ``private_copy(a)`` and ``ptr(a)``.
@@ -710,7 +748,8 @@ def backward(
     sig = op.sig
     op.check_gradient()  # rule 7, before anything is launched
     if op.custom_backward is not None:
-        return _custom_backward(op, plan, scalars, arrays, grads, needs, fw, device, stream, outputs)
+        fill = targets if fresh_targets else None  # a custom backward may assign: never into a .grad
+        return _custom_backward(op, plan, scalars, arrays, grads, needs, fw, device, stream, outputs, fill)
     direct = [None] * len(arrays) if targets is None else targets
     in_grads: list = []
     for p, a, need, v in zip(sig.array_inputs, arrays, needs, direct):
@@ -784,9 +823,11 @@ def _custom_backward(
     device: Any,
     stream: Any,
     outputs: Sequence[Any] | None,
+    targets: Sequence[Any] | None = None,
 ) -> list:
     """Launch the op's own backward: it reads inputs, outputs and output gradients (its
-    signature forbids writing them) and fills one zeroed gradient per floating array input."""
+    signature forbids writing them) and fills one zeroed gradient per floating array input
+    (the ``targets`` array where one is given, zeroed by the caller: then None is returned)."""
     sig, cb = op.sig, op.custom_backward
     wanted = [need and p.differentiable for p, need in zip(sig.array_inputs, needs)]
     if not any(wanted):
@@ -806,10 +847,11 @@ def _custom_backward(
         g_ptrs.append(ptr)
         g_layouts.append((shape, strides))
     in_grads = []
-    for p, a in zip(sig.array_inputs, arrays):
+    given = list(targets) if targets is not None else [None] * len(arrays)
+    for p, a, t in zip(sig.array_inputs, arrays, given):
         if p.differentiable:
             dtype_name, shape, *_ = fw.meta(a)
-            in_grads.append(fw.zeros(shape, dtype_name, device))
+            in_grads.append(t if t is not None else fw.zeros(shape, dtype_name, device))
     bplan = cb.plan(plan, g_layouts)
     b_ins = ins + [fw.ptr(o) for o in outputs] + g_ptrs
     b_outs = [fw.ptr(g) for g in in_grads]
@@ -825,4 +867,5 @@ def _custom_backward(
         run_function(bplan, b_ins, scalars, b_outs, stream, needs_kw if cb.takes_needs else None)
     del keep
     grads_iter = iter(in_grads)
-    return [next(grads_iter) if p.differentiable else None for p in sig.array_inputs]
+    result = [next(grads_iter) if p.differentiable else None for p in sig.array_inputs]
+    return [None if t is not None else g for g, t in zip(result, given)]
