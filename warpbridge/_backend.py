@@ -1,7 +1,7 @@
 """The protocol a framework backend implements: everything the core asks of a framework.
 
-The core (``_op``, ``_signature``, ``_plan``, ``_gradients``, ``_functions``, ``_backward``,
-``_adjoint``) imports and names no framework. Each framework has one adapter module with one
+The core (``_op``, ``_signature``, ``_validate``, ``_plan``, ``_functions``, ``_gradients``,
+``_backward``, ``_adjoint``) imports and names no framework. Each framework has one adapter module with one
 :class:`Backend` instance, ``BACKEND``; ``_frameworks`` says which adapter serves which array
 type and loads it the first time an array of its framework arrives. Adding a framework means
 writing one subclass and one line in ``_frameworks.ADAPTERS``; see ``docs/architecture.md``.
@@ -14,8 +14,8 @@ from typing import Any
 
 import warp as wp
 
-from ._plan import contiguous_strides
 from ._signature import _SCALAR_NAMES
+from ._validate import contiguous_strides
 
 
 class Backend:
@@ -26,7 +26,7 @@ class Backend:
     array_name: str = "array"  # in messages: "argument 'x' must be a <array_name>"
     default_device: Any = "cpu"  # where an op with no array input runs
 
-    # -- arrays: what validation (_plan.prepare) and the gradient rules (_gradients) use ------
+    # -- arrays: what validation (_validate.prepare) and the gradient rules (_gradients) use --
 
     def is_array(self, a: Any) -> bool:
         raise NotImplementedError
@@ -101,7 +101,7 @@ _WARP_TYPES = {name: t for t, name in _SCALAR_NAMES.items()}
 
 class WarpArrays(Backend):
     """``wp.array``s as a backend's arrays: the DLPack backend's inputs, and what a JAX
-    callback receives, so JAX runs the very same gradient rules (``_plan.backward``)."""
+    callback receives, so JAX runs the very same gradient rules (``_gradients.backward``)."""
 
     name = "warp"
     array_name = "wp.array"

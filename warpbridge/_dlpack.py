@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from . import _plan
+from . import _plan, _validate
 from ._backend import WarpArrays
 from ._errors import describe, fail
 
@@ -52,7 +52,7 @@ def is_producer(a: Any) -> bool:
 
 
 class _Warp(WarpArrays):
-    """What ``_plan.prepare`` validates against: the inputs as ``wp.array``."""
+    """What ``_validate.prepare`` validates against: the inputs as ``wp.array``."""
 
     name = "dlpack"
     array_name = "array (DLPack, __cuda_array_interface__ or wp.array)"
@@ -101,7 +101,7 @@ def _from_cuda_array_interface(op: Any, p: Any, desc: dict) -> wp.array:
     except Exception as e:  # a malformed interface, or a dtype Warp has no type for
         raise fail(op.name, f"argument '{p.name}' could not be shared through __cuda_array_interface__: {e}") from e
     if strides is None:
-        strides = _plan.contiguous_strides(shape, dtype.itemsize)
+        strides = _validate.contiguous_strides(shape, dtype.itemsize)
     device = wp.get_cuda_device()
     if desc.get("stream") is not None:
         # Version 3: the producer's work on that stream must finish first. The interface
@@ -142,7 +142,7 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
             raise fail(op.name, f"argument '{p.name}' must be a {_Warp.array_name}, got {describe(a)}")
         first = a if first is None else first
         args[p.position] = _to_warp(op, p, a)
-    pr = _plan.prepare(op, args, launch_dims, output_dims, BACKEND)
+    pr = _validate.prepare(op, args, launch_dims, output_dims, BACKEND)
     device = wp.get_device(pr.device)
     stream = wp.get_stream(device) if device.is_cuda else None
     outs = _like(first, BACKEND.forward(pr.plan, pr.arrays, pr.scalars, device, stream), device)

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 import warp as wp
 
-from . import _plan
+from . import _functions, _gradients, _plan, _validate
 from ._backend import Backend, WarpArrays
 from ._errors import describe, fail
 from ._signature import Param
@@ -65,14 +65,14 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
             raise fail(op.name, f"argument '{p.name}' must be a jax.Array ({p.describe_type()}), got {describe(a)}")
         dtype = np.dtype(a.dtype)
         shape = tuple(int(s) for s in a.shape)
-        strides = _plan.contiguous_strides(shape, dtype.itemsize)  # JAX arrays are always dense
-        wshape, _ = _plan.check_array(op.name, p, _plan.ArrayArg(0, dtype.name, shape, strides))
+        strides = _validate.contiguous_strides(shape, dtype.itemsize)  # JAX arrays are always dense
+        wshape, _ = _validate.check_array(op.name, p, _validate.ArrayArg(0, dtype.name, shape, strides))
         arrays.append(a)
         layouts.append(wshape)
         avals.append((shape, dtype.name))
-    ld, od = op.dims(launch_dims, output_dims, _plan.input_values(sig, args, layouts))
-    launch, out_shapes = _plan.resolve_dims(op.name, sig, layouts[0] if layouts else None, ld, od)
-    _plan.check_bounds(op.name, sig, [(s, ()) for s in layouts], launch, out_shapes)
+    ld, od = op.dims(launch_dims, output_dims, _validate.input_values(sig, args, layouts))
+    launch, out_shapes = _validate.resolve_dims(op.name, sig, layouts[0] if layouts else None, ld, od)
+    _validate.check_bounds(op.name, sig, [(s, ()) for s in layouts], launch, out_shapes)
     # vmap_method="broadcast_all" folds a jax.vmap batch into the launch (Warp's FFI merges
     # the batch dims into the first dimension), which needs dims that follow the first
     # array; with explicit dims, or any other method, jax.vmap runs sequentially.
@@ -116,24 +116,24 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
     """The op as a ``jax.custom_vjp`` whose forward and backward are ``wp.jax_callable``s.
 
     Inside them the arrays are ``wp.array``s, validated and launched through the same
-    ``_plan.prepare`` / ``Plan.run`` / ``_plan.backward`` as every other framework's, so JAX
+    ``_validate.prepare`` / ``Plan.run`` / ``_gradients.backward`` as every other framework's, so JAX
     has no gradient rules of its own."""
     sig = op.sig
     ins: list[Param] = sig.array_inputs
     outs: list[Param] = sig.outputs
     diff = [i for i, p in enumerate(ins) if p.differentiable]
     fouts = [j for j, p in enumerate(outs) if p.carries_grad]
-    saves = _plan.needs_outputs(op)  # the backward reads the forward's outputs: residuals
+    saves = _gradients.needs_outputs(op)  # the backward reads the forward's outputs: residuals
     # folded (vmap_method="broadcast_all"): the batch sits in the first dim and the dims follow it
     ld = None if fold else launch
     od = None if fold else {p.name: s for p, s in zip(outs, out_shapes)}
     state = types.SimpleNamespace(warm=[False, False])  # first runs load modules: under the lock
 
-    def prepared(a_in: Sequence[wp.array]) -> _plan.Prepared:
-        return _plan.prepare(op, _merge(sig, list(a_in), scalars), ld, od, _WARP)
+    def prepared(a_in: Sequence[wp.array]) -> _validate.Prepared:
+        return _validate.prepare(op, _merge(sig, list(a_in), scalars), ld, od, _WARP)
 
     def forward(*arrays):
-        with _plan.first_run(state, 0):
+        with _functions.first_run(state, 0):
             a_in, a_out = arrays[: len(ins)], arrays[len(ins) :]
             pr = prepared(a_in)
             for o in a_out:
@@ -141,7 +141,7 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
             pr.plan.run([a.ptr for a in pr.arrays], pr.scalars, [o.ptr for o in a_out])
 
     def backward(*arrays):
-        with _plan.first_run(state, 1):
+        with _functions.first_run(state, 1):
             n, no, m = len(ins), len(outs) if saves else 0, len(fouts)
             a_in, saved = arrays[:n], list(arrays[n : n + no]) or None
             g_out, g_in = arrays[n + no : n + no + m], arrays[n + no + m :]
@@ -155,7 +155,7 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
             for i, g in zip(diff, g_in):
                 targets[i] = g
             needs = [p.differentiable for p in ins]
-            _plan.backward(
+            _gradients.backward(
                 op, pr.plan, pr.scalars, pr.arrays, grads, needs, _WARP, pr.device, None, targets, saved, True
             )
 

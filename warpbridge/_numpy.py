@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from . import _plan
+from . import _validate
 from ._backend import Backend
 from ._errors import fail
 
@@ -20,7 +20,7 @@ def _known(name: str) -> bool:
     return True
 
 
-_NAMES = {np.dtype(n): n for n in _plan._ITEMSIZE if _known(n)}
+_NAMES = {np.dtype(n): n for n in _validate._ITEMSIZE if _known(n)}
 
 
 class NumPyBackend(Backend):
@@ -63,7 +63,7 @@ class NumPyBackend(Backend):
             a = args[p.position] if p.position < len(args) else None
             if isinstance(a, np.ndarray) and any(s < 0 or s % max(a.itemsize, 1) for s in a.strides):
                 raise fail(op.name, f"argument '{p.name}' has negative or unaligned strides {a.strides}; pass a copy")
-        pr = _plan.prepare(op, args, launch_dims, output_dims, self)
+        pr = _validate.prepare(op, args, launch_dims, output_dims, self)
         outs = self.forward(pr.plan, pr.arrays, pr.scalars, "cpu", None)
         return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import warp as wp
 
-from . import _adjoint, _backward, _frameworks, _plan
+from . import _adjoint, _backward, _frameworks, _plan, _validate
 from ._errors import WarpBridgeError, fail
 from ._signature import Signature
 
@@ -55,9 +55,9 @@ class WarpOp:
         _plan.ensure_init()
         self.name = name
         self.sig = Signature(fn, num_outputs, name, aux)
-        self.launch_dims = _plan.normalize_dims(name, "launch_dims", launch_dims)
-        self.output_dims = _plan.normalize_output_dims(name, self.sig, output_dims)
-        self._packers = tuple(_plan.make_scalar_packer(name, p) for p in self.sig.inputs if not p.is_array)
+        self.launch_dims = _validate.normalize_dims(name, "launch_dims", launch_dims)
+        self.output_dims = _validate.normalize_output_dims(name, self.sig, output_dims)
+        self._packers = tuple(_validate.make_scalar_packer(name, p) for p in self.sig.inputs if not p.is_array)
         self._scalar_packers = tuple(zip(self._packers, (p.position for p in self.sig.inputs if not p.is_array)))
         self._plans: dict[Any, _plan.Plan] = {}
         self._state: dict[str, dict] = {}  # per backend: its caches and registrations (Backend.state)
@@ -178,26 +178,28 @@ class WarpOp:
 
     def dims(self, launch_dims: Any, output_dims: Any, inputs: Any = None) -> tuple[Any, Any]:
         """Per-call dims take precedence over the ones given at construction. A callable
-        ``output_dims`` is evaluated with ``inputs`` (see ``_plan.input_values``) when given."""
+        ``output_dims`` is evaluated with ``inputs`` (see ``_validate.input_values``) when given."""
         ld = (
-            _plan.normalize_dims(self.name, "launch_dims", launch_dims) if launch_dims is not None else self.launch_dims
+            _validate.normalize_dims(self.name, "launch_dims", launch_dims)
+            if launch_dims is not None
+            else self.launch_dims
         )
         od = self.output_dims
         if output_dims is not None:
-            od = _plan.normalize_output_dims(self.name, self.sig, output_dims)
+            od = _validate.normalize_output_dims(self.name, self.sig, output_dims)
             if isinstance(od, dict) and isinstance(self.output_dims, dict):
                 od = {**self.output_dims, **od}
         if callable(od) and inputs is not None:
-            od = _plan.call_output_dims(self.name, self.sig, od, inputs)
+            od = _validate.call_output_dims(self.name, self.sig, od, inputs)
         return ld, od
 
     def plan(self, device: Any, layouts: tuple, launch_dims: Any, output_dims: Any) -> _plan.Plan:
         first = layouts[0][0] if layouts else None
-        launch, out_shapes = _plan.resolve_dims(self.name, self.sig, first, launch_dims, output_dims)
+        launch, out_shapes = _validate.resolve_dims(self.name, self.sig, first, launch_dims, output_dims)
         key = (device.alias, layouts, launch, out_shapes)  # wp.Device is not hashable
         plan = self._plans.get(key)
         if plan is None:
-            _plan.check_bounds(self.name, self.sig, layouts, launch, out_shapes)
+            _validate.check_bounds(self.name, self.sig, layouts, launch, out_shapes)
             plan = _plan.Plan(self.sig, device, layouts, launch, out_shapes)
             if len(self._plans) >= MAX_CACHED:
                 self._plans.clear()

@@ -1,6 +1,6 @@
 """Paddle adapter: validation and launch plans from ``_plan``, gradients through one
 ``paddle.autograd.PyLayer`` per call, the backward shared with the other adapters
-(``_plan.backward``).
+(``_gradients.backward``).
 
 Warp only ever sees raw data pointers of Paddle tensors: no ``wp.from_paddle`` /
 ``wp.to_paddle``, so no DLPack capsules whose deleters warp-lang 1.19 can hang on at
@@ -15,7 +15,7 @@ import paddle
 import warp as wp
 from paddle.autograd import PyLayer
 
-from . import _plan
+from . import _gradients, _validate
 from ._backend import Backend
 from ._errors import fail
 
@@ -98,7 +98,7 @@ def _stream(device: str) -> Any:
     return wp.stream_from_paddle(device)
 
 
-def _forward(op: Any, pr: _plan.Prepared) -> list:
+def _forward(op: Any, pr: _validate.Prepared) -> list:
     return BACKEND.forward(pr.plan, pr.arrays, pr.scalars, pr.device, _stream(pr.device))
 
 
@@ -106,11 +106,11 @@ class _Apply(PyLayer):
     """One autograd node per call; inputs saved with ``save_for_backward``."""
 
     @staticmethod
-    def forward(ctx: Any, op: Any, pr: _plan.Prepared, *tensors: paddle.Tensor) -> Any:
+    def forward(ctx: Any, op: Any, pr: _validate.Prepared, *tensors: paddle.Tensor) -> Any:
         outs = _forward(op, pr)
         ctx.op, ctx.pr = op, pr._replace(arrays=[])  # the plan and scalars; tensors are saved below
         ctx.n_inputs = len(tensors)
-        ctx.save_for_backward(*tensors, *(outs if _plan.needs_outputs(op) else ()))
+        ctx.save_for_backward(*tensors, *(outs if _gradients.needs_outputs(op) else ()))
         ctx.needs = [not t.stop_gradient for t in tensors]
         for o, p in zip(outs, op.sig.outputs):
             if not p.carries_grad:
@@ -126,7 +126,7 @@ class _Apply(PyLayer):
         floats = iter(grads)
         # Paddle hands gradients only for differentiable (float) outputs
         out_grads = [next(floats, None) if p.carries_grad else None for p in op.sig.outputs]
-        in_grads = _plan.backward(
+        in_grads = _gradients.backward(
             op,
             pr.plan,
             pr.scalars,
@@ -165,7 +165,7 @@ def cast(a: paddle.Tensor, dtype_name: str) -> paddle.Tensor:
 
 
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
-    pr = _plan.prepare(op, args, launch_dims, output_dims, _Paddle)
+    pr = _validate.prepare(op, args, launch_dims, output_dims, _Paddle)
     needs = paddle.is_grad_enabled() and any(
         not t.stop_gradient for p, t in zip(op.sig.array_inputs, pr.arrays) if p.differentiable
     )

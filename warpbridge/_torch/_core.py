@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import torch
 import warp as wp
 
-from .. import _errors, _op, _plan
+from .. import _errors, _gradients, _op, _plan, _validate
 from .._backend import Backend
 from .._op import WarpOp
 from . import _pool
@@ -31,7 +31,7 @@ for _name in ("uint16", "uint32", "uint64"):  # torch >= 2.3 has these, with lim
     if hasattr(torch, _name):
         DTYPE_NAMES[getattr(torch, _name)] = _name
 TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
-_plan.SYMBOLIC_DIMS.add(torch.SymInt)  # sizes under torch.compile(dynamic=True)
+_validate.SYMBOLIC_DIMS.add(torch.SymInt)  # sizes under torch.compile(dynamic=True)
 
 _NO_SCOPE = contextlib.nullcontext()
 _devices: dict[torch.device, Any] = {}
@@ -61,7 +61,7 @@ def warp_stream(device: torch.device) -> Any:
 
 
 class _Torch(Backend):
-    """The torch backend's array side (what ``_plan.prepare`` and the gradient rules use);
+    """The torch backend's array side (what ``_validate.prepare`` and the gradient rules use);
     ``warpbridge._torch.BACKEND`` adds the calls and hooks."""
 
     name = "torch"
@@ -107,7 +107,7 @@ class Call(NamedTuple):
 
 def prepare(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dims: Any) -> tuple[Call, list[torch.Tensor]]:
     """Validate ``args``; return the call and the array inputs (made inner-contiguous)."""
-    pr = _plan.prepare(op, args, launch_dims, output_dims, _Torch)
+    pr = _validate.prepare(op, args, launch_dims, output_dims, _Torch)
     return Call(op, pr.plan, pr.scalars, pr.device), pr.arrays
 
 
@@ -197,14 +197,14 @@ def backward(
     targets: Sequence[torch.Tensor | None] | None = None,
     outputs: Sequence[torch.Tensor] | None = None,
 ) -> list[torch.Tensor | None]:
-    """Input gradients (None where not needed) from the output gradients (``_plan.backward``).
+    """Input gradients (None where not needed) from the output gradients (``_gradients.backward``).
 
     Where ``targets`` gives a GradBuffer view, the adjoint adds into it in place and the
     input's gradient is returned as None (direct write).
     """
     stream = warp_stream(call.device)
     with _pool.scope(call.device, call.plan.device) if call.plan.sig.kind == "function" else _NO_SCOPE:
-        return _plan.backward(
+        return _gradients.backward(
             call.op, call.plan, call.scalars, tensors, grads, needs, _Torch, call.device, stream, targets, outputs
         )
 
@@ -221,7 +221,7 @@ def refuse_second_order(name: str) -> None:
         )
 
 
-needs_outputs = _plan.needs_outputs
+needs_outputs = _gradients.needs_outputs
 
 
 def float_outputs(op: WarpOp) -> tuple[bool, ...]:

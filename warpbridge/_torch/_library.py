@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .. import _op, _plan
+from .. import _op, _validate
 from .._errors import fail
 from .._op import WarpOp
 from . import _core
@@ -99,12 +99,12 @@ class _Registered:
         for p in op.sig.array_inputs:
             a = inputs[p.position]
             name = _core.DTYPE_NAMES.get(a.dtype, str(a.dtype))
-            _plan.check_array(op.name, p, _plan.ArrayArg(0, name, tuple(a.shape), (0,) * a.dim()))
+            _validate.check_array(op.name, p, _validate.ArrayArg(0, name, tuple(a.shape), (0,) * a.dim()))
             shapes.append(tuple(a.shape[: p.ndim]))
             if first is None:
                 first, device = shapes[0], a.device
-        ld, od = op.dims(ld, od, _plan.input_values(op.sig, inputs, shapes))
-        _, shapes = _plan.resolve_dims(op.name, op.sig, first, ld, od)
+        ld, od = op.dims(ld, od, _validate.input_values(op.sig, inputs, shapes))
+        _, shapes = _validate.resolve_dims(op.name, op.sig, first, ld, od)
         return shapes, device
 
     def backward_impl(self, *args: Any, outputs: Any = None) -> list[torch.Tensor]:

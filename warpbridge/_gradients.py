@@ -1,0 +1,170 @@
+"""The gradient rules, once for every backend: fresh input gradients, incoming gradients
+read-only (private copies where an adjoint could write them), outputs the adjoint reads as
+the forward left them, rule 7 before any launch, Warp's adjoint or the op's own backward."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._functions import run_function, run_function_adjoint
+from ._plan import _HALF_BITS, Plan
+from ._signature import Param
+from ._validate import inner_contiguous
+
+
+def needs_outputs(op: Any) -> bool:
+    """Whether the backward reads the forward's outputs (a framework saves them for it)."""
+    return op.custom_backward is not None or (op.sig.kind == "kernel" and bool(op.sig.reads_outputs))
+
+
+def backward(
+    op: Any,
+    plan: Plan,
+    scalars: Sequence[Any],
+    arrays: Sequence[Any],
+    grads: Sequence[Any],
+    needs: Sequence[bool],
+    fw: Any,
+    device: Any,
+    stream: Any,
+    targets: Sequence[Any] | None = None,
+    outputs: Sequence[Any] | None = None,
+    fresh_targets: bool = False,
+) -> list:
+    """The framework-neutral backward: input gradients (None where not needed or where a
+    ``targets`` array received them in place) from the output gradients ``grads``.
+
+    Input gradients are fresh zeroed arrays from the framework (rule 3). Output gradients are
+    only read, unless the adjoint could add into them (the kernel reads that output), in which
+    case it gets a private copy (rule 2). ``targets`` receive Warp's adjoint by addition
+    (a GradBuffer view); ``fresh_targets`` says they are zeroed buffers nothing else holds (a
+    JAX callback's outputs), which a custom backward may fill too. ``outputs``: the forward's outputs, where the
+    framework saved them; otherwise they are recomputed when the backward needs them. ``fw``
+    adds to the ``prepare`` description: ``zeros(shape, dtype name, device)``,
+    ``private_copy(a)`` and ``ptr(a)``.
+    """
+    sig = op.sig
+    op.check_gradient()  # rule 7, before anything is launched
+    if op.custom_backward is not None:
+        fill = targets if fresh_targets else None  # a custom backward may assign: never into a .grad
+        return _custom_backward(op, plan, scalars, arrays, grads, needs, fw, device, stream, outputs, fill)
+    direct = [None] * len(arrays) if targets is None else targets
+    in_grads: list = []
+    for p, a, need, v in zip(sig.array_inputs, arrays, needs, direct):
+        if not (need and p.differentiable) or v is not None:
+            in_grads.append(None)
+        else:
+            dtype_name, shape, *_ = fw.meta(a)
+            in_grads.append(fw.zeros(shape, dtype_name, device))
+    if all(g is None for g in in_grads) and all(v is None for v in direct):
+        return in_grads
+    out_grads, keep, out_ptrs = [], [], []
+    ins = [fw.ptr(a) for a in arrays]
+    # The adjoint re-reads outputs only if the kernel does; it must see what the forward left
+    # there. It gets a private copy (the framework's saved outputs, or a replay of the
+    # forward); outputs it never reads need no memory at all.
+    values = None
+    if sig.kind == "function":  # scratch outputs: the tape re-runs the function into them
+        values = [fw.zeros(s + p.inner_shape, p.dtype_name, device) for p, s in zip(sig.outputs, plan.out_shapes)]
+    elif sig.reads_outputs:
+        if outputs is not None:
+            values = [fw.private_copy(o) for o in outputs]
+        else:
+            values = _replay(plan, ins, scalars, fw, device, stream)
+    keep.extend(values or ())
+    for j, (p, shape, g) in enumerate(zip(sig.outputs, plan.out_shapes, grads)):
+        g, layout = _output_grad(fw, p, shape, g, device, private=p.name in sig.tracked_outputs)
+        keep.append(g)
+        out_grads.append(layout)
+        out_ptrs.append(fw.ptr(values[j]) if values is not None and p.name in sig.reads_outputs else 0)
+    gptrs = [
+        fw.ptr(g) if g is not None else (fw.ptr(v) if v is not None and p.differentiable else 0)
+        for g, v, p in zip(in_grads, direct, sig.array_inputs)
+    ]
+    if sig.kind == "kernel":
+        plan.adjoint(ins, scalars, out_ptrs, gptrs, out_grads, stream)
+    else:
+        run_function_adjoint(op, plan, ins, scalars, out_ptrs, gptrs, out_grads, stream)
+    del keep
+    return in_grads
+
+
+def _output_grad(fw: Any, p: Param, shape: tuple, g: Any, device: Any, private: bool) -> tuple[Any, tuple]:
+    """An output's incoming gradient as the adjoint takes it: zeros where none came, a private
+    copy where asked (or where its vector/matrix elements are not packed), and its
+    (pointer, Warp byte strides)."""
+    if g is None:
+        g = fw.zeros(shape + p.inner_shape, p.dtype_name, device)
+    else:
+        _, gshape, gstrides, _, _ = fw.meta(g)
+        if private or not inner_contiguous(p, gshape, gstrides):
+            g = fw.private_copy(g)
+    _, _, gstrides, itemsize, _ = fw.meta(g)
+    return g, (fw.ptr(g), tuple(s * itemsize for s in gstrides[: p.ndim]))
+
+
+def _replay(plan: Plan, ins: Sequence[int], scalars: Sequence[Any], fw: Any, device: Any, stream: Any) -> list:
+    """The forward's outputs, recomputed into fresh zeroed arrays."""
+    outs = [fw.zeros(s + p.inner_shape, p.dtype_name, device) for p, s in zip(plan.sig.outputs, plan.out_shapes)]
+    plan.run(ins, scalars, [fw.ptr(o) for o in outs], stream)
+    return outs
+
+
+def _custom_backward(
+    op: Any,
+    plan: Plan,
+    scalars: Sequence[Any],
+    arrays: Sequence[Any],
+    grads: Sequence[Any],
+    needs: Sequence[bool],
+    fw: Any,
+    device: Any,
+    stream: Any,
+    outputs: Sequence[Any] | None,
+    targets: Sequence[Any] | None = None,
+) -> list:
+    """Launch the op's own backward: it reads inputs, outputs and output gradients (its
+    signature forbids writing them) and fills one zeroed gradient per floating array input
+    (the ``targets`` array where one is given, zeroed by the caller: then None is returned)."""
+    sig, cb = op.sig, op.custom_backward
+    wanted = [need and p.differentiable for p, need in zip(sig.array_inputs, needs)]
+    if not any(wanted):
+        return [None] * len(arrays)
+    keep: list = []
+    ins = [fw.ptr(a) for a in arrays]
+    if outputs is None:
+        outputs = _replay(plan, ins, scalars, fw, device, stream)
+    outputs = list(outputs)
+    keep.extend(outputs)
+    g_ptrs, g_layouts = [], []
+    for p, shape, g in zip(sig.outputs, plan.out_shapes, grads):
+        if not p.carries_grad:
+            continue
+        g, (ptr, strides) = _output_grad(fw, p, shape, g, device, private=False)
+        keep.append(g)
+        g_ptrs.append(ptr)
+        g_layouts.append((shape, strides))
+    in_grads = []
+    given = list(targets) if targets is not None else [None] * len(arrays)
+    for p, a, t in zip(sig.array_inputs, arrays, given):
+        if p.differentiable:
+            dtype_name, shape, *_ = fw.meta(a)
+            in_grads.append(t if t is not None else fw.zeros(shape, dtype_name, device))
+    bplan = cb.plan(plan, g_layouts)
+    b_ins = ins + [fw.ptr(o) for o in outputs] + g_ptrs
+    b_outs = [fw.ptr(g) for g in in_grads]
+    if cb.sig.kind == "kernel":
+        bplan.forward(b_ins, scalars, b_outs, stream)
+    else:
+        if sig.kind == "kernel":  # kernels take packed scalars; functions the Python values
+            scalars = [
+                _HALF_BITS[p.dtype_name][1](v) if p.dtype_name in _HALF_BITS and not p.inner_shape else v
+                for p, v in zip((q for q in sig.inputs if not q.is_array), scalars)
+            ]
+        needs_kw = {"needs_input_grad": tuple(w for p, w in zip(sig.array_inputs, wanted) if p.differentiable)}
+        run_function(bplan, b_ins, scalars, b_outs, stream, needs_kw if cb.takes_needs else None)
+    del keep
+    grads_iter = iter(in_grads)
+    result = [next(grads_iter) if p.differentiable else None for p in sig.array_inputs]
+    return [None if t is not None else g for g, t in zip(result, given)]

@@ -1,0 +1,313 @@
+"""Validation of a call before anything launches: arrays against the signature, scalars
+packed and range-checked, launch and output dims resolved (from a callable too), bounds of
+thread-indexed arrays; ``prepare`` does it all through a backend and returns the plan."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import warp as wp
+
+from ._errors import describe as describe_value
+from ._errors import fail
+from ._signature import Param, Signature
+
+if TYPE_CHECKING:
+    from ._plan import Plan
+
+_ITEMSIZE = {
+    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
+    "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
+}  # fmt: skip
+# 16-bit float scalars travel as raw bits in kernel argument structs: (to bits, from bits)
+_HALF_BITS = {
+    "float16": (wp._src.types.float_to_half_bits, wp._src.types.half_bits_to_float),
+    "bfloat16": (wp._src.types.float_to_bfloat16_bits, wp._src.types.bfloat16_bits_to_float),
+}
+
+_MAX_DIMS = 4
+_INT32_MAX = 2**31 - 1
+
+
+class ArrayArg(NamedTuple):
+    """An array handed over by an adapter: everything Warp needs, nothing framework-specific."""
+
+    ptr: int
+    dtype_name: str
+    shape: tuple[int, ...]  # the framework's full shape, trailing vector/matrix dims included
+    strides: tuple[int, ...]  # in bytes, one per dim of `shape`
+
+
+def check_array(op: str, p: Param, a: ArrayArg) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Validate ``a`` against ``p``; return its Warp shape and Warp byte strides."""
+    if a.dtype_name != p.dtype_name:
+        raise fail(
+            op, f"argument '{p.name}' must have dtype {p.dtype_name}, got {a.dtype_name} (warpbridge never casts)"
+        )
+    if len(a.shape) != p.tensor_ndim:
+        inner = f" ({p.ndim} array dims + trailing {p.inner_shape})" if p.inner_shape else ""
+        raise fail(op, f"argument '{p.name}' must be {p.tensor_ndim}-D{inner}, got shape {tuple(a.shape)}")
+    if p.inner_shape and tuple(a.shape[p.ndim :]) != p.inner_shape:
+        raise fail(
+            op,
+            f"argument '{p.name}' must have trailing dims {p.inner_shape} for its Warp dtype, got shape {tuple(a.shape)}",
+        )
+    return tuple(a.shape[: p.ndim]), tuple(a.strides[: p.ndim])
+
+
+def inner_contiguous(p: Param, shape: Sequence[int], strides_elems: Sequence[int]) -> bool:
+    """Whether the vector/matrix dims are packed as Warp needs (outer dims may be strided)."""
+    expected = 1
+    for k in range(len(p.inner_shape) - 1, -1, -1):
+        d = p.ndim + k
+        if shape[d] > 1 and strides_elems[d] != expected:
+            return False
+        expected *= p.inner_shape[k]
+    return True
+
+
+def normalize_dims(op: str, what: str, dims: Any) -> tuple[int, ...] | None:
+    if dims is None:
+        return None
+    if isinstance(dims, bool):
+        raise fail(op, f"{what} must be an int or a tuple of ints, got {dims!r}")
+    if isinstance(dims, int):
+        dims = (dims,)
+    try:
+        out = tuple(dims)
+    except TypeError:
+        raise fail(op, f"{what} must be an int or a tuple of ints, got {dims!r}") from None
+    if not 1 <= len(out) <= _MAX_DIMS or not all(_is_dim(d) for d in out):
+        raise fail(op, f"{what} must be 1 to {_MAX_DIMS} non-negative ints, got {dims!r}")
+    return out
+
+
+# Types of symbolic sizes a backend traces with (accepted as dims without forcing a guard).
+SYMBOLIC_DIMS: set = set()
+
+
+def _is_dim(d: Any) -> bool:
+    if isinstance(d, bool):
+        return False
+    if isinstance(d, int):
+        return d >= 0
+    return type(d) in SYMBOLIC_DIMS
+
+
+def normalize_output_dims(op: str, sig: Signature, output_dims: Any) -> Any:
+    """``None``, one dims tuple for every output, a dict {output name: dims}, or a callable
+    returning either from the op's inputs (see :func:`call_output_dims`)."""
+    if output_dims is None or callable(output_dims):
+        return output_dims
+    if isinstance(output_dims, dict):
+        names = [p.name for p in sig.outputs]
+        unknown = [k for k in output_dims if k not in names]
+        if unknown:
+            raise fail(op, f"output_dims names unknown output(s) {unknown}; the outputs are {names}")
+        return {k: normalize_dims(op, f"output_dims['{k}']", v) for k, v in output_dims.items()}
+    return normalize_dims(op, "output_dims", output_dims)
+
+
+def call_output_dims(op: str, sig: Signature, fn: Any, inputs: Sequence[Any]) -> Any:
+    """Output dims from a callable: called with the op's inputs in order, each array replaced
+    by its Warp shape (a tuple of ints) and each scalar by its value."""
+    try:
+        got = fn(*inputs)
+    except Exception as e:
+        raise fail(op, f"output_dims({', '.join(p.name for p in sig.inputs)}) raised {type(e).__name__}: {e}") from e
+    if got is None or callable(got):
+        raise fail(op, f"output_dims(...) must return dims (a tuple, or a dict by output name), got {got!r}")
+    return normalize_output_dims(op, sig, got)
+
+
+def input_values(sig: Signature, args: Sequence[Any], shapes: Sequence[tuple]) -> list:
+    """What a callable ``output_dims`` is called with: scalars as given, arrays as Warp shapes."""
+    it = iter(shapes)
+    return [tuple(next(it)) if p.is_array else a for p, a in zip(sig.inputs, args)]
+
+
+def resolve_dims(
+    op: str, sig: Signature, first_shape: tuple[int, ...] | None, launch_dims: Any, output_dims: Any
+) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """Launch dims and each output's Warp shape, from per-call or construction-time settings."""
+    launch = launch_dims
+    if launch is None:
+        if first_shape is None:
+            raise fail(op, "the op has no array input to take launch dims from: pass launch_dims")
+        launch = first_shape
+    out_shapes = []
+    for p in sig.outputs:
+        dims = output_dims.get(p.name) if isinstance(output_dims, dict) else output_dims
+        dims = launch if dims is None else dims
+        if len(dims) != p.ndim:
+            src = (
+                "output_dims"
+                if (output_dims is not None and dims is not launch)
+                else f"the launch dims {tuple(launch)}"
+            )
+            raise fail(
+                op,
+                f"output '{p.name}' is a {p.ndim}-D array but {src} give {len(dims)} dims; "
+                f"pass output_dims={{'{p.name}': <{p.ndim} ints>}}",
+            )
+        out_shapes.append(tuple(dims))
+    return tuple(launch), tuple(out_shapes)
+
+
+def check_bounds(op: str, sig: Signature, layouts: Sequence[tuple], launch: tuple, out_shapes: Sequence[tuple]) -> None:
+    """Refuse a launch in which the kernel would index an array past its end with a thread
+    index (``i = wp.tid()`` ... ``x[i]``): the array must cover the launch dims there."""
+    if not sig.tid_indexed:
+        return
+    shapes = {p.name: shape for p, (shape, _) in zip(sig.array_inputs, layouts)}
+    shapes.update((p.name, s) for p, s in zip(sig.outputs, out_shapes))
+    for name, uses in sig.tid_indexed.items():
+        shape = shapes.get(name)
+        if shape is None:
+            continue
+        for pos, dim, line in uses:
+            if pos < len(shape) and dim < len(launch) and shape[pos] < launch[dim]:
+                what = "output" if name in {p.name for p in sig.outputs} else "argument"
+                raise fail(
+                    op,
+                    f"{what} '{name}' has shape {tuple(shape)}, but kernel '{sig.kernel.key}' indexes its dimension "
+                    f"{pos} with the thread index of launch dimension {dim} (line {sig._first_line + line - 1}), and "
+                    f"the launch dims are {tuple(launch)}: it would be accessed past its end. Pass arrays that cover "
+                    "the launch dims, or launch_dims/output_dims that fit them",
+                )
+
+
+def contiguous_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
+    strides, acc = [], itemsize
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+def make_scalar_packer(op: str, p: Param):
+    """A converter from a Python value to what the kernel's ctypes field takes, checked."""
+    name = p.dtype_name
+    if p.inner_shape:
+        n = math.prod(p.inner_shape)
+
+        def pack_composite(v: Any) -> Any:
+            try:
+                flat = [float(x) if p.is_float else int(x) for x in _flatten(v)]
+            except TypeError:
+                flat = None
+            if flat is None or len(flat) != n:
+                raise fail(
+                    op, f"argument '{p.name}' must be a sequence of {n} numbers for {p.describe_type()}, got {v!r}"
+                )
+            return p.wp_type(*flat)
+
+        return pack_composite
+    if name == "bool":
+
+        def pack_bool(v: Any) -> bool:
+            if not isinstance(v, bool):
+                raise fail(op, f"argument '{p.name}' must be a bool, got {type(v).__name__} {v!r}")
+            return v
+
+        return pack_bool
+    if p.is_float:
+
+        def pack_float(v: Any) -> Any:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise fail(op, f"argument '{p.name}' must be a Python number ({name} scalar), got {_what(v)}")
+            # float16 / bfloat16 fields hold raw bits
+            if name in _HALF_BITS:
+                return _HALF_BITS[name][0](float(v))
+            return float(v)
+
+        return pack_float
+    bits = _ITEMSIZE[name] * 8
+    lo, hi = (0, 2**bits - 1) if name.startswith("u") else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+
+    def pack_int(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise fail(op, f"argument '{p.name}' must be a Python int ({name} scalar), got {_what(v)}")
+        if not lo <= v <= hi:
+            raise fail(op, f"argument '{p.name}' = {v} does not fit {name} [{lo}, {hi}]")
+        return v
+
+    return pack_int
+
+
+def _what(v: Any) -> str:
+    if hasattr(v, "shape"):
+        return f"{type(v).__name__} of shape {tuple(v.shape)}; scalars are Python numbers and are not differentiable"
+    return f"{type(v).__name__} {v!r}"
+
+
+def _flatten(v: Any) -> list:
+    out = []
+    for x in v:
+        if isinstance(x, (list, tuple)):
+            out.extend(_flatten(x))
+        else:
+            out.append(x)
+    return out
+
+
+def check_strides(op: str, p: Param, shape: Sequence[int], strides: Sequence[int]) -> None:
+    """Warp descriptors hold int32 shapes and byte strides."""
+    if any(s > _INT32_MAX for s in shape) or any(abs(s) > _INT32_MAX for s in strides):
+        raise fail(op, f"argument '{p.name}' is too large for Warp's 32-bit shapes/strides: shape {tuple(shape)}")
+
+
+class Prepared(NamedTuple):
+    """A validated call: the plan, packed scalars, the arrays (made inner-contiguous where
+    needed) and the framework's device. Adapters pass ``arrays`` on; nothing here keeps them."""
+
+    plan: Plan
+    scalars: tuple
+    arrays: list
+    device: Any
+
+
+def prepare(op: Any, args: Sequence[Any], launch_dims: Any, output_dims: Any, fw: Any) -> Prepared:
+    """Validate ``args`` for ``op`` through a framework description ``fw``.
+
+    ``fw`` provides: ``name``; ``is_array(a)``; ``meta(a) -> (dtype name or None, shape,
+    element strides, itemsize, device)``; ``contiguous(a)``; ``warp_device(device)``.
+    """
+    op.check_arity(args)
+    sig = op.sig
+    arrays, layouts, scalars = [], [], []
+    device = None
+    k = 0
+    for p, a in zip(sig.inputs, args):
+        if not p.is_array:
+            packed = op._packers[k](a)
+            scalars.append(a if sig.kind == "function" else packed)
+            k += 1
+            continue
+        if not fw.is_array(a):
+            raise fail(
+                op.name, f"argument '{p.name}' must be a {fw.array_name} ({p.describe_type()}), got {describe_value(a)}"
+            )
+        dtype_name, shape, strides, itemsize, dev = fw.meta(a)
+        if device is None:
+            device = dev
+        elif dev != device:
+            raise fail(op.name, f"all arrays must be on one device: argument '{p.name}' is on {dev}, expected {device}")
+        if dtype_name is None:
+            raise fail(
+                op.name, f"argument '{p.name}' has dtype {a.dtype}, which Warp cannot use; expected {p.dtype_name}"
+            )
+        if p.inner_shape and len(shape) == p.tensor_ndim and not inner_contiguous(p, shape, strides):
+            a = fw.contiguous(a)  # Warp needs packed vector/matrix elements; outer dims may stride
+            dtype_name, shape, strides, itemsize, dev = fw.meta(a)
+        wshape, wstrides = check_array(op.name, p, ArrayArg(0, dtype_name, shape, tuple(s * itemsize for s in strides)))
+        check_strides(op.name, p, wshape, wstrides)
+        arrays.append(a)
+        layouts.append((wshape, wstrides))
+    if device is None:
+        device = fw.default_device
+    ld, od = op.dims(launch_dims, output_dims, input_values(sig, args, [s for s, _ in layouts]))
+    plan = op.plan(fw.warp_device(device), tuple(layouts), ld, od)
+    return Prepared(plan, tuple(scalars), arrays, device)
