@@ -11,7 +11,18 @@ import pytest
 PKG = pathlib.Path(__file__).resolve().parent.parent / "warpbridge"
 FRAMEWORKS = ("torch", "jax", "jaxlib", "paddle", "cupy")
 ADAPTERS = ("_torch", "_jax", "_paddle", "_numpy", "_dlpack")
-CORE = ("_op", "_signature", "_plan", "_validate", "_functions", "_gradients", "_backward", "_adjoint", "_backend", "_errors")
+CORE = (
+    "_op",
+    "_signature",
+    "_plan",
+    "_validate",
+    "_functions",
+    "_gradients",
+    "_backward",
+    "_adjoint",
+    "_backend",
+    "_errors",
+)
 WORD = re.compile(r"\b(" + "|".join(FRAMEWORKS + ("numpy",)) + r")\b", re.IGNORECASE)
 
 
