@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._functions import run_function, run_function_adjoint
 from ._plan import _HALF_BITS, Plan
 from ._signature import Param
 from ._validate import inner_contiguous
@@ -82,10 +81,7 @@ def backward(
         fw.ptr(g) if g is not None else (fw.ptr(v) if v is not None and p.differentiable else 0)
         for g, v, p in zip(in_grads, direct, sig.array_inputs)
     ]
-    if sig.kind == "kernel":
-        plan.adjoint(ins, scalars, out_ptrs, gptrs, out_grads, stream)
-    else:
-        run_function_adjoint(op, plan, ins, scalars, out_ptrs, gptrs, out_grads, stream)
+    plan.run_adjoint(op, ins, scalars, out_ptrs, gptrs, out_grads, stream)
     del keep
     return in_grads
 
@@ -154,16 +150,19 @@ def _custom_backward(
     bplan = cb.plan(plan, g_layouts)
     b_ins = ins + [fw.ptr(o) for o in outputs] + g_ptrs
     b_outs = [fw.ptr(g) for g in in_grads]
-    if cb.sig.kind == "kernel":
-        bplan.forward(b_ins, scalars, b_outs, stream)
-    else:
-        if sig.kind == "kernel":  # kernels take packed scalars; functions the Python values
-            scalars = [
+    keywords = None
+    if cb.sig.kind != sig.kind:  # kernels take packed scalars (16-bit floats as bits), functions the values
+        scalars = (
+            [
                 _HALF_BITS[p.dtype_name][1](v) if p.dtype_name in _HALF_BITS and not p.inner_shape else v
                 for p, v in zip((q for q in sig.inputs if not q.is_array), scalars)
             ]
-        needs_kw = {"needs_input_grad": tuple(w for p, w in zip(sig.array_inputs, wanted) if p.differentiable)}
-        run_function(bplan, b_ins, scalars, b_outs, stream, needs_kw if cb.takes_needs else None)
+            if sig.kind == "kernel"
+            else [pack(v) for pack, v in zip(op._packers, scalars)]
+        )
+    if cb.takes_needs:
+        keywords = {"needs_input_grad": tuple(w for p, w in zip(sig.array_inputs, wanted) if p.differentiable)}
+    bplan.run(b_ins, scalars, b_outs, stream, keywords)
     del keep
     grads_iter = iter(in_grads)
     result = [next(grads_iter) if p.differentiable else None for p in sig.array_inputs]

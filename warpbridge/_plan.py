@@ -163,12 +163,27 @@ class Plan:
         self._bounds_ref = ctypes.byref(self.bounds)  # byref keeps self.bounds alive
         self._forward = self.hooks.forward
 
-    def run(self, in_ptrs: Sequence[int], scalars: Sequence[Any], out_ptrs: Sequence[int], stream: Any = None) -> None:
-        """The forward: the kernel, or the launch function, into outputs the caller allocated."""
+    def run(
+        self,
+        in_ptrs: Sequence[int],
+        scalars: Sequence[Any],
+        out_ptrs: Sequence[int],
+        stream: Any = None,
+        keywords: dict | None = None,
+    ) -> None:
+        """The forward: the kernel, or the launch function, into outputs the caller allocated.
+        (The one place a call branches on kernel or function; ``keywords`` go to functions.)"""
         if self.sig.kind == "kernel":
             self.forward(in_ptrs, scalars, out_ptrs, stream)
         else:
-            _functions.run_function(self, in_ptrs, scalars, out_ptrs, stream)
+            _functions.run_function(self, in_ptrs, scalars, out_ptrs, stream, keywords)
+
+    def run_adjoint(self, op: Any, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream: Any = None) -> None:
+        """Warp's adjoint of the forward: the kernel's, or the launch function's taped one."""
+        if self.sig.kind == "kernel":
+            self.adjoint(in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream)
+        else:
+            _functions.run_function_adjoint(op, self, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream)
 
     def forward(
         self, in_ptrs: Sequence[int], scalars: Sequence[Any], out_ptrs: Sequence[int], stream: Any = None
