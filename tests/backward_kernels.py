@@ -1,5 +1,7 @@
 """Forward kernels with hand-written backwards (custom backward tests and examples)."""
 
+from typing import Any
+
 import warp as wp
 
 f64 = wp.float64
@@ -177,3 +179,29 @@ def weighted_backward_skipping(
 
 
 SEEN: list = []
+
+
+@wp.kernel
+def generic_scale(x: wp.array(dtype=Any), s: Any, y: wp.array(dtype=Any)):
+    # one kernel for every dtype, vector and matrix element (warpbridge binds Any per call)
+    i = wp.tid()
+    y[i] = s * x[i]
+
+
+@wp.kernel
+def generic_cube(x: wp.array(dtype=Any), y: wp.array(dtype=Any)):
+    # x**3 in a runtime loop: refused without a backward, like any kernel
+    i = wp.tid()
+    acc = x[i]
+    n = int(2)
+    for _k in range(n):
+        acc = acc * x[i]
+    y[i] = acc
+
+
+@wp.kernel
+def generic_cube_adjoint(
+    x: wp.array(dtype=Any), y: wp.array(dtype=Any), adj_y: wp.array(dtype=Any), adj_x: wp.array(dtype=Any)
+):
+    i = wp.tid()
+    adj_x[i] = type(x[i])(3.0) * x[i] * x[i] * adj_y[i]

@@ -9,6 +9,8 @@ import re
 import pytest
 import warp as wp
 
+from warpbridge._signature import bind_generic
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
@@ -51,6 +53,10 @@ def _warp_module(obj):
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_compiles_to_ptx_for_sm80_and_sm90(name, tmp_path):
     module = _warp_module(MODULES[name]())
+    for kernel in list(module._get_live_kernels()):
+        if kernel.is_generic:  # instantiated as a call binds it: float32 and float64
+            for t in (wp.float32, wp.float64):
+                bind_generic(kernel, t, t)
     paths = wp.compile_aot_module(module, arch=[80, 90], module_dir=str(tmp_path), use_ptx=True)
     assert sorted(p.suffixes[-2] for p in paths) == [".sm80", ".sm90"]
     kernels = list(module._get_live_kernels())

@@ -264,3 +264,49 @@ def test_a_failing_output_dims_callable_is_named():
     op = wb.op(B.outer, output_dims=lambda a, b: a[5], name="outer_bad_dims")
     with pytest.raises(wb.WarpBridgeError, match=r"outer_bad_dims\(\): output_dims\(a, b\) raised IndexError"):
         op(xs(4), xs(3), launch_dims=(4, 3))
+
+
+# -- generic kernels -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make, dtype",
+    [
+        (lambda g, dt: torch.rand(5, generator=g, dtype=dt), torch.float32),
+        (lambda g, dt: torch.rand(5, generator=g, dtype=dt), torch.float64),
+        (lambda g, dt: torch.rand(5, 3, generator=g, dtype=dt), torch.float64),  # bound to vec3d
+        (lambda g, dt: torch.rand(4, 2, 2, generator=g, dtype=dt), torch.float64),  # bound to mat22d
+    ],
+    ids=["float32", "float64", "vec3d", "mat22d"],
+)
+def test_a_generic_kernel_runs_with_the_calls_dtypes(make, dtype):
+    op = wb.op(B.generic_scale)
+    x = make(torch.Generator().manual_seed(5), dtype).requires_grad_()
+    y = op(x, 0.5)
+    assert y.dtype == dtype and y.shape == x.shape
+    torch.testing.assert_close(y, 0.5 * x.detach())
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 0.5))
+    inst = op.instance(x, 0.5)
+    assert inst is op.instance(x, 0.5) and inst is not op and not inst.generic
+    if dtype == torch.float64:
+        check_op(op, x.detach().clone().requires_grad_(), 0.5)
+
+
+def test_a_generic_kernel_is_checked_like_any_and_takes_a_generic_backward():
+    x = xs()
+    with pytest.raises(wb.WarpBridgeError, match="cannot differentiate"):
+        wb.op(B.generic_cube)(x).sum().backward()
+    op = wb.op(B.generic_cube, backward=B.generic_cube_adjoint)
+    check_op(op, xs())
+    y = op(xs().float())
+    torch.testing.assert_close(y, xs().float().detach() ** 3)
+
+
+def test_a_generic_kernel_refuses_what_it_cannot_bind():
+    op = wb.op(B.generic_scale)
+    with pytest.raises(wb.WarpBridgeError, match="3 trailing dims"):
+        op(torch.rand(2, 2, 2, 2, dtype=f64), 1.0)
+    with pytest.raises(wb.WarpBridgeError, match=r"op.instance\(\*args\).torch_op"):
+        _ = op.torch_op
+    torch.library.opcheck(op.instance(xs(), 2.0).torch_op, (xs(), 2.0))

@@ -179,3 +179,15 @@ def test_arrays_shorter_than_the_launch_are_refused():
     op = wb.op(K.mul64)
     with pytest.raises(wb.WarpBridgeError, match=r"argument 'y' has shape \(2,\)"):
         op(jnp.ones(5, jnp.float64), jnp.ones(2, jnp.float64))
+
+
+def test_generic_kernel_and_its_generic_backward_under_jit_and_grad():
+    import backward_kernels as B
+
+    op = wb.op(B.generic_cube, backward=B.generic_cube_adjoint)
+    x = jnp.asarray(np.linspace(0.5, 1.5, 5), dtype=jnp.float32)
+    np.testing.assert_allclose(np.asarray(jax.jit(op)(x)), np.asarray(x) ** 3, rtol=1e-6)
+    g = jax.grad(lambda v: jnp.sum(op(v)))(x)
+    np.testing.assert_allclose(np.asarray(g), 3 * np.asarray(x) ** 2, rtol=1e-6)
+    v = jax.jit(wb.op(B.generic_scale), static_argnums=1)(jnp.ones((3, 3), jnp.float32), 2.0)  # vec3f
+    np.testing.assert_array_equal(np.asarray(v), np.full((3, 3), 2.0, np.float32))

@@ -15,7 +15,7 @@ from typing import Any
 import warp as wp
 
 from ._signature import _SCALAR_NAMES
-from ._validate import contiguous_strides
+from ._validate import WARP_TYPES, contiguous_strides
 
 
 class Backend:
@@ -96,9 +96,6 @@ class Backend:
         return f"<warpbridge backend {self.name}>"
 
 
-_WARP_TYPES = {name: t for t, name in _SCALAR_NAMES.items()}
-
-
 class WarpArrays(Backend):
     """``wp.array``s as a backend's arrays: the DLPack backend's inputs, and what a JAX
     callback receives, so JAX runs the very same gradient rules (``_gradients.backward``)."""
@@ -124,7 +121,7 @@ class WarpArrays(Backend):
         return wp.get_device(device)
 
     def zeros(self, shape: tuple, dtype_name: str, device: Any) -> wp.array:
-        return wp.zeros(shape, dtype=_WARP_TYPES[dtype_name], device=device)
+        return wp.zeros(shape, dtype=WARP_TYPES[dtype_name], device=device)
 
     def private_copy(self, a: wp.array) -> wp.array:
         return wp.clone(a)

@@ -18,7 +18,7 @@ from typing import Any
 import warp as wp
 
 from ._errors import WarpBridgeError
-from ._signature import Param, Signature
+from ._signature import Param, Signature, bind_generic
 
 
 def _same_type(a: Param, b: Param) -> bool:
@@ -106,3 +106,22 @@ class CustomBackward:
                 self._plans.clear()
             entry = self._plans[key] = (fwd_plan, plan)
         return entry[1]
+
+
+class GenericBackward:
+    """The backward of a generic op: bound with the same types as each instance's kernel."""
+
+    def __init__(self, op: Any, fn: Any):
+        if not (isinstance(fn, wp.Kernel) or callable(fn)):
+            raise WarpBridgeError(
+                f"{op.name}(): backward must be a wp.Kernel or an annotated launch function, got {type(fn).__name__}"
+            )
+        self.fn = fn
+        self.name = getattr(fn, "key", None) or getattr(fn, "__name__", "backward")
+
+    def bind(self, element: Any, scalar: Any) -> Any:
+        """The backward for one instance: a generic kernel's overload, anything else itself
+        (checked against the instance's signature when the instance is made)."""
+        if isinstance(self.fn, wp.Kernel) and self.fn.is_generic:
+            return bind_generic(self.fn, element, scalar)
+        return self.fn

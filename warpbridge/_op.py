@@ -15,7 +15,7 @@ import warp as wp
 
 from . import _adjoint, _backward, _frameworks, _plan, _validate
 from ._errors import WarpBridgeError, fail
-from ._signature import Signature
+from ._signature import GENERIC, Signature, bind_generic
 
 _BY_TYPE: dict[type, Any] = {}  # array type -> backend, filled on first sight
 # Plans are cheap to rebuild (~50 us) but eager shapes can vary without end (a new batch size
@@ -40,6 +40,7 @@ class WarpOp:
         backward: Any = None,
         trust_adjoint: bool = False,
         aux: Any = (),
+        _registered_as: str | None = None,
     ):
         explicit = name is not None
         name = _default_name(fn) if name is None else name
@@ -55,6 +56,10 @@ class WarpOp:
         _plan.ensure_init()
         self.name = name
         self.sig = Signature(fn, num_outputs, name, aux)
+        # A generic kernel (``Any`` types) is a template: each call runs the instance for its
+        # arrays' dtypes (``instance``), made once per binding.
+        self.generic = self.sig.kind == "kernel" and bool(getattr(fn, "is_generic", False))
+        self._instances: dict[Any, WarpOp] = {}
         self.launch_dims = _validate.normalize_dims(name, "launch_dims", launch_dims)
         self.output_dims = _validate.normalize_output_dims(name, self.sig, output_dims)
         self._packers = tuple(_validate.make_scalar_packer(name, p) for p in self.sig.inputs if not p.is_array)
@@ -81,7 +86,7 @@ class WarpOp:
         # The registered torch op's name: the given name, or the wrapped callable's module and
         # qualified name with a hash of its source and options, so that it never depends on
         # import order and an exported program cannot find a different kernel under it.
-        self.registration_name = (
+        self.registration_name = _registered_as or (
             name if explicit else _registration_name(fn, {**self._options, "backward": _source_of(backward)})
         )
         for backend in _frameworks.loaded():
@@ -113,6 +118,10 @@ class WarpOp:
             )
         for backend in _frameworks.loaded():
             backend.on_backward_attached(self)  # may refuse; drops what captured the old backward
+        if self.generic:
+            self._instances.clear()  # made with the old backward (none)
+            self.custom_backward = _backward.GenericBackward(self, fn)
+            return fn
         self.custom_backward = _backward.CustomBackward(self, fn)
         return fn
 
@@ -136,6 +145,8 @@ class WarpOp:
 
     def __call__(self, *args: Any, launch_dims: Any = None, output_dims: Any = None) -> Any:
         """Run the op on framework arrays; see :func:`warpbridge.op`."""
+        if self.generic:
+            return self.instance(*args)(*args, launch_dims=launch_dims, output_dims=output_dims)
         outs = _adapter(self, args).call(self, args, launch_dims, output_dims)
         visible = self.sig.visible
         if len(visible) == len(self.sig.outputs):
@@ -144,7 +155,56 @@ class WarpOp:
 
     def call_all(self, *args: Any, launch_dims: Any = None, output_dims: Any = None) -> Any:
         """Like calling the op, auxiliary outputs included (one array, or a tuple of all)."""
+        if self.generic:
+            return self.instance(*args).call_all(*args, launch_dims=launch_dims, output_dims=output_dims)
         return _adapter(self, args).call(self, args, launch_dims, output_dims)
+
+    def instance(self, *args: Any) -> WarpOp:
+        """The op a generic kernel's call with these arguments runs (itself otherwise).
+
+        Every ``Any`` in the kernel's signature is bound to the element type of the first
+        generic array argument: its dtype, and a vector (one trailing dim beyond the declared
+        rank) or a matrix (two). Generic scalars get that type's scalar. Each binding is one
+        Warp overload and one op (with its own registered custom op), made on first use: call
+        the op once eagerly per dtype before ``torch.compile``. Other combinations need
+        ``wp.overload`` and one op per overload.
+        """
+        if not self.generic:
+            return self
+        first = next((p for p in self.sig.array_inputs if p.dtype_name == GENERIC and p.position < len(args)), None)
+        if first is None:
+            raise fail(self.name, "a generic kernel binds its Any types from a generic array argument; none was given")
+        dtype, shape, _ = _adapter(self, args).info(args[first.position])
+        key = (dtype, tuple(shape[first.ndim :]))
+        found = self._instances.get(key)
+        if found is None:
+            with self._lock:
+                found = self._instances.get(key)
+                if found is None:
+                    found = self._instances[key] = self._instantiate(first, *key)
+        return found
+
+    def _instantiate(self, first: Any, dtype: str, inner: tuple) -> WarpOp:
+        scalar = _validate.WARP_TYPES.get(dtype)
+        if scalar is None or len(inner) > 2:
+            raise fail(
+                self.name,
+                f"cannot bind the generic kernel's Any types from argument '{first.name}' of dtype {dtype} with "
+                f"{len(inner)} trailing dims: expected a Warp scalar type and at most 2 (vector or matrix) trailing dims",
+            )
+        element = scalar
+        if len(inner) == 1:
+            element = wp.types.vector(inner[0], scalar)
+        elif len(inner) == 2:
+            element = wp.types.matrix(inner, scalar)
+        kernel = self.sig.kernel
+        overload = bind_generic(kernel, element, scalar)
+        options = {k: v for k, v in self._options.items() if k != "name"}
+        bwd = self.custom_backward.bind(element, scalar) if self.custom_backward is not None else None
+        return WarpOp(
+            overload, **options, name=self.name, backward=bwd,
+            _registered_as=f"{self.registration_name}__{overload.sig}",
+        )  # fmt: skip
 
     def __reduce__(self) -> tuple:
         # Pickled by reference: the wrapped callable's module and qualified name, and the

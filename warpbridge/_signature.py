@@ -206,10 +206,27 @@ def _function_params(fn: Callable, name: str, keywords: tuple[str, ...] = ()) ->
     return out, frozenset(found)
 
 
+GENERIC = "any"  # the dtype name of a generic (``Any``) parameter: bound per call (WarpOp.instance)
+
+
+def bind_generic(kernel: Any, element: Any, scalar: Any) -> Any:
+    """The overload of a generic kernel with ``Any`` bound: array elements to ``element``,
+    scalars to ``scalar`` (made once by Warp, then looked up)."""
+
+    def bind(t: Any) -> Any:
+        if wp.types.is_array(t) and t.dtype is Any:
+            return wp.array(dtype=element, ndim=t.ndim)
+        return scalar if t is Any else t
+
+    return kernel.add_overload([bind(a.type) for a in kernel.adj.args])
+
+
 def _element_info(op: str, label: str, dtype: Any) -> tuple[str, tuple[int, ...]]:
     dtype = _PYTHON_SCALARS.get(dtype, dtype)
     if dtype in _SCALAR_NAMES:
         return _SCALAR_NAMES[dtype], ()
+    if dtype is Any:
+        return GENERIC, ()
     t = wp.types
     if (
         t.type_is_vector(dtype)

@@ -12,7 +12,7 @@ import warp as wp
 
 from ._errors import describe as describe_value
 from ._errors import fail
-from ._signature import Param, Signature
+from ._signature import _SCALAR_NAMES, GENERIC, Param, Signature
 
 if TYPE_CHECKING:
     from ._plan import Plan
@@ -22,6 +22,7 @@ _ITEMSIZE = {
     "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
 }  # fmt: skip
 # 16-bit float scalars travel as raw bits in kernel argument structs: (to bits, from bits)
+WARP_TYPES = {name: t for t, name in _SCALAR_NAMES.items()}  # dtype name -> Warp scalar type
 _HALF_BITS = {
     "float16": (wp._src.types.float_to_half_bits, wp._src.types.half_bits_to_float),
     "bfloat16": (wp._src.types.float_to_bfloat16_bits, wp._src.types.bfloat16_bits_to_float),
@@ -190,6 +191,8 @@ def contiguous_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
 def make_scalar_packer(op: str, p: Param):
     """A converter from a Python value to what the kernel's ctypes field takes, checked."""
     name = p.dtype_name
+    if name == GENERIC:  # checked by the instance the call runs (WarpOp.instance)
+        return lambda v: v
     if p.inner_shape:
         n = math.prod(p.inner_shape)
 

@@ -56,6 +56,7 @@ def check_op(
 
     if not isinstance(op, WarpOp):
         raise TypeError(f"check_op(): expected a warpbridge op, got {type(op).__name__}")
+    op = op.instance(*inputs)  # a generic kernel: the instance these inputs run
     sig = op.sig
     kw = {"launch_dims": launch_dims, "output_dims": output_dims}
     args = list(inputs)

@@ -150,8 +150,9 @@ class TorchBackend(_core._Torch):
 
     def on_new_op(self, op: Any) -> None:
         # Registered now, so that a first call inside torch.compile finds it (registration
-        # itself cannot be traced).
-        _library.registered(op)
+        # itself cannot be traced). A generic op registers each instance instead.
+        if not op.generic:
+            _library.registered(op)
 
     def on_backward_attached(self, op: Any) -> None:
         if op._state.get("torch", {}).get("shared"):
@@ -163,6 +164,12 @@ class TorchBackend(_core._Torch):
             )
 
     def op_attribute(self, op: Any, name: str) -> Any:
+        if op.generic:
+            raise fail(
+                op.name,
+                "a generic kernel has one registered custom op per binding of its Any types: use "
+                "op.instance(*args).torch_op",
+            )
         return _library.registered(op)  # torch_op
 
 
