@@ -205,3 +205,22 @@ def generic_cube_adjoint(
 ):
     i = wp.tid()
     adj_x[i] = type(x[i])(3.0) * x[i] * x[i] * adj_y[i]
+
+
+@wp.struct
+class Affine:
+    scale: wp.float64
+    shift: wp.float64
+
+
+@wp.kernel
+def affine(x: wp.array(dtype=f64), params: Affine, y: wp.array(dtype=f64)):
+    # a wp.struct scalar argument: passed as the user's instance, not differentiated
+    i = wp.tid()
+    y[i] = params.scale * x[i] * x[i] + params.shift
+
+
+@wp.kernel
+def sum_of_affines(items: wp.array(dtype=Affine), y: wp.array(dtype=f64)):
+    i = wp.tid()
+    y[i] = items[i].scale + items[i].shift

@@ -310,3 +310,36 @@ def test_a_generic_kernel_refuses_what_it_cannot_bind():
     with pytest.raises(wb.WarpBridgeError, match=r"op.instance\(\*args\).torch_op"):
         _ = op.torch_op
     torch.library.opcheck(op.instance(xs(), 2.0).torch_op, (xs(), 2.0))
+
+
+# -- wp.struct arguments ------------------------------------------------------------------------------
+
+
+def _affine(scale, shift):
+    a = B.Affine()
+    a.scale, a.shift = scale, shift
+    return a
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct CPU call", "wp.launch (the CUDA path)"])
+def test_a_struct_argument_reaches_the_kernel_and_its_adjoint(direct, monkeypatch):
+    from warpbridge import _plan
+
+    monkeypatch.setattr(_plan, "DIRECT_CPU", direct)
+    op = wb.op(B.affine)
+    x = xs()
+    y = op(x, _affine(2.0, 0.5))
+    torch.testing.assert_close(y, 2.0 * x.detach() ** 2 + 0.5)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, 4.0 * x.detach())
+    check_op(op, xs(), _affine(-1.5, 3.0), opcheck=False)  # no custom op: see below
+
+
+def test_struct_arguments_are_checked_and_stay_out_of_torch_compile():
+    op = wb.op(B.affine)
+    with pytest.raises(wb.WarpBridgeError, match=r"argument 'params' must be a wp\.struct Affine instance, got float"):
+        op(xs(), 2.0)
+    with pytest.raises(wb.WarpBridgeError, match="cannot cross torch.compile's custom-op boundary"):
+        _ = op.torch_op
+    with pytest.raises(wb.WarpBridgeError, match="array of wp.struct Affine; no framework array holds Warp structs"):
+        wb.op(B.sum_of_affines)

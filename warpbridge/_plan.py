@@ -19,7 +19,7 @@ import warp as wp
 
 from . import _functions
 from ._errors import fail
-from ._signature import Param, Signature
+from ._signature import STRUCT, Param, Signature
 from ._validate import _HALF_BITS, _ITEMSIZE, contiguous_strides
 
 _array_t = wp._src.types.array_t
@@ -234,7 +234,10 @@ class Plan:
                 k += 1
             else:
                 # scalar adjoints are discarded; the struct takes plain zeros (float16 fields hold bits)
-                adj.append(_zero_scalar(p) if p.inner_shape or not self.direct else 0)
+                if p.dtype_name == STRUCT:
+                    adj.append(p.wp_type().__ctype__() if self.direct else p.wp_type())
+                else:
+                    adj.append(_zero_scalar(p) if p.inner_shape or not self.direct else 0)
         for shape, (ptr, strides) in zip(self.out_shapes, out_grads):
             adj.append(_descriptor(ptr, shape, strides))
         if self.direct:
@@ -260,7 +263,9 @@ class Plan:
         values = []
         for p in self.sig.params:
             v = getattr(args, p.name)
-            if p.dtype_name in _HALF_BITS and not p.is_array and not p.inner_shape:
+            if p.dtype_name == STRUCT:
+                v = p.wp_type.instance_type(ctype=v)  # wp.launch takes the struct as an instance
+            elif p.dtype_name in _HALF_BITS and not p.is_array and not p.inner_shape:
                 v = p.wp_type(_HALF_BITS[p.dtype_name][1](v))  # the field holds raw bits
             values.append(v)
         return values
@@ -275,6 +280,9 @@ def _make_filler(sig: Signature):
         if p.is_array:
             lines.append(f"    a.{p.name}.data = ins[{arr}]")
             arr += 1
+        elif p.dtype_name == STRUCT:
+            lines.append(f"    a.{p.name} = scalars[{sc}].__ctype__()")
+            sc += 1
         else:
             lines.append(f"    a.{p.name} = scalars[{sc}]")
             sc += 1
@@ -285,6 +293,6 @@ def _make_filler(sig: Signature):
 
 
 def _zero_scalar(p: Param) -> Any:
-    if p.inner_shape:
+    if p.inner_shape or p.dtype_name == STRUCT:
         return p.wp_type()
     return p.wp_type(False) if p.dtype_name == "bool" else p.wp_type(0)

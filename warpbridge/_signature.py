@@ -71,6 +71,8 @@ class Param:
         return self.ndim + len(self.inner_shape)
 
     def describe_type(self) -> str:
+        if self.dtype_name == STRUCT:
+            return f"a wp.struct {self.wp_type.key}"
         inner = f" with trailing dims {self.inner_shape}" if self.inner_shape else ""
         if self.is_array:
             return f"a {self.tensor_ndim}-D {self.dtype_name} array{inner}"
@@ -206,6 +208,7 @@ def _function_params(fn: Callable, name: str, keywords: tuple[str, ...] = ()) ->
     return out, frozenset(found)
 
 
+STRUCT = "struct"  # a wp.struct scalar: passed as the user's instance, never differentiated
 GENERIC = "any"  # the dtype name of a generic (``Any``) parameter: bound per call (WarpOp.instance)
 
 
@@ -227,6 +230,8 @@ def _element_info(op: str, label: str, dtype: Any) -> tuple[str, tuple[int, ...]
         return _SCALAR_NAMES[dtype], ()
     if dtype is Any:
         return GENERIC, ()
+    if isinstance(dtype, wp._src.codegen.Struct):
+        return STRUCT, ()
     t = wp.types
     if (
         t.type_is_vector(dtype)
@@ -250,6 +255,12 @@ def _make_param(op: str, position: int, label: str, t: Any) -> Param:
                 f"{op}(): parameter '{label}' is a {type(t).__name__}; only plain wp.array parameters are supported"
             )
         dtype_name, inner = _element_info(op, label, t.dtype)
+        if dtype_name == STRUCT:
+            raise WarpBridgeError(
+                f"{op}(): parameter '{label}' is an array of wp.struct {t.dtype.key}; no framework array holds "
+                "Warp structs. Pass each field as its own array (a struct of arrays), or the struct itself as a "
+                "scalar argument"
+            )
         return Param(label, position, True, t, dtype_name, inner, int(t.ndim))
     dtype_name, inner = _element_info(op, label, t)
     return Param(label, position, False, _PYTHON_SCALARS.get(t, t), dtype_name, inner, 0)

@@ -12,7 +12,7 @@ import warp as wp
 
 from ._errors import describe as describe_value
 from ._errors import fail
-from ._signature import _SCALAR_NAMES, GENERIC, Param, Signature
+from ._signature import _SCALAR_NAMES, GENERIC, STRUCT, Param, Signature
 
 if TYPE_CHECKING:
     from ._plan import Plan
@@ -193,6 +193,14 @@ def make_scalar_packer(op: str, p: Param):
     name = p.dtype_name
     if name == GENERIC:  # checked by the instance the call runs (WarpOp.instance)
         return lambda v: v
+    if name == STRUCT:
+
+        def pack_struct(v: Any) -> Any:
+            if getattr(v, "_cls", None) is not p.wp_type:
+                raise fail(op, f"argument '{p.name}' must be {p.describe_type()} instance, got {_what(v)}")
+            return v
+
+        return pack_struct
     if p.inner_shape:
         n = math.prod(p.inner_shape)
 

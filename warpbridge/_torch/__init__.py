@@ -151,7 +151,7 @@ class TorchBackend(_core._Torch):
     def on_new_op(self, op: Any) -> None:
         # Registered now, so that a first call inside torch.compile finds it (registration
         # itself cannot be traced). A generic op registers each instance instead.
-        if not op.generic:
+        if not op.generic and not _library.unregistrable(op):
             _library.registered(op)
 
     def on_backward_attached(self, op: Any) -> None:

@@ -18,6 +18,7 @@ import torch
 from .. import _op, _validate
 from .._errors import fail
 from .._op import WarpOp
+from .._signature import STRUCT
 from . import _core
 
 _LIB = torch.library.Library("warpbridge", "FRAGMENT")  # keep alive: it owns the registrations
@@ -210,8 +211,23 @@ def _state(op: WarpOp) -> dict:
     return st
 
 
+def unregistrable(op: WarpOp) -> str | None:
+    """Why ``op`` cannot be a custom op (its schema holds tensors and numbers only), or None."""
+    structs = [p.name for p in op.sig.inputs if p.dtype_name == STRUCT]
+    if structs:
+        return (
+            f"its wp.struct argument(s) {structs} cannot cross torch.compile's custom-op boundary (the schema holds "
+            "tensors and numbers). Run the op outside the compiled region (torch.compiler.disable), or pass the "
+            "struct's fields as scalar arguments"
+        )
+    return None
+
+
 def registered(op: WarpOp) -> Any:
     """``op.torch_op``: the op's registered custom op, registered on first use."""
+    why = unregistrable(op)
+    if why:
+        raise fail(op.name, f"has no registered custom op: {why}")
     st = _state(op)
     found = st.get("op")
     if found is None:
