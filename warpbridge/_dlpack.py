@@ -163,14 +163,9 @@ def _like(first: Any, outs: list, device: Any) -> list:
 class WarpBackend(_Warp):
     """wp.array and any DLPack / __cuda_array_interface__ producer; forward only."""
 
-    def call(self, op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
-        return call(op, args, launch_dims, output_dims)
-
-    def info(self, a: Any) -> tuple:
-        return info(a)
-
-    def cast(self, a: Any, dtype_name: str) -> Any:
-        return cast(a, dtype_name)
+    call = staticmethod(call)
+    info = staticmethod(info)
+    cast = staticmethod(cast)
 
 
 BACKEND = WarpBackend()

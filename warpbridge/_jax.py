@@ -213,14 +213,9 @@ class JaxBackend(Backend):
     name = "jax"
     array_name = "jax.Array"
 
-    def call(self, op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
-        return call(op, args, launch_dims, output_dims)
-
-    def info(self, a: Any) -> tuple:
-        return info(a)
-
-    def cast(self, a: Any, dtype_name: str) -> Any:
-        return cast(a, dtype_name)
+    call = staticmethod(call)
+    info = staticmethod(info)
+    cast = staticmethod(cast)
 
     def on_backward_attached(self, op: Any) -> None:
         op._state.pop(self.name, None)  # functions built before now captured the old backward

@@ -142,20 +142,6 @@ class _Apply(PyLayer):
         return result[0] if len(result) == 1 else result
 
 
-class PaddleBackend(_Paddle):
-    def call(self, op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
-        return call(op, args, launch_dims, output_dims)
-
-    def info(self, a: paddle.Tensor) -> tuple:
-        return info(a)
-
-    def cast(self, a: paddle.Tensor, dtype_name: str) -> paddle.Tensor:
-        return cast(a, dtype_name)
-
-
-BACKEND = PaddleBackend()
-
-
 def info(a: paddle.Tensor) -> tuple[str, tuple[int, ...], str]:
     return DTYPE_NAMES.get(a.dtype) or str(a.dtype).replace("paddle.", ""), tuple(a.shape), _place_name(a)
 
@@ -173,3 +159,12 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
         return _Apply.apply(op, pr, *pr.arrays)
     outs = _forward(op, pr)
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class PaddleBackend(_Paddle):
+    call = staticmethod(call)
+    info = staticmethod(info)
+    cast = staticmethod(cast)
+
+
+BACKEND = PaddleBackend()

@@ -251,8 +251,15 @@ def _element_info(op: str, label: str, dtype: Any) -> tuple[str, tuple[int, ...]
 def _make_param(op: str, position: int, label: str, t: Any) -> Param:
     if wp.types.is_array(t):
         if type(t).__name__ not in ("array", "_ArrayAnnotation"):
+            hint = ""
+            if type(t).__name__ == "indexedarray":
+                hint = (
+                    ": a framework array is one strided block of memory, with no index list to view it through. "
+                    "Gather in the framework first (x[idx] is differentiable) and declare the parameter wp.array"
+                )
             raise WarpBridgeError(
-                f"{op}(): parameter '{label}' is a {type(t).__name__}; only plain wp.array parameters are supported"
+                f"{op}(): parameter '{label}' is a {type(t).__name__}; only plain wp.array parameters are "
+                f"supported{hint}"
             )
         dtype_name, inner = _element_info(op, label, t.dtype)
         if dtype_name == STRUCT:

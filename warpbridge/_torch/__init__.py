@@ -139,14 +139,9 @@ class TorchBackend(_core._Torch):
     """PyTorch: eager autograd, ``torch.compile`` through the registered custom op,
     ``torch.func`` transforms, ``torch.autocast``."""
 
-    def call(self, op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
-        return call(op, args, launch_dims, output_dims)
-
-    def info(self, a: torch.Tensor) -> tuple:
-        return info(a)
-
-    def cast(self, a: torch.Tensor, dtype_name: str) -> torch.Tensor:
-        return cast(a, dtype_name)
+    call = staticmethod(call)
+    info = staticmethod(info)
+    cast = staticmethod(cast)
 
     def on_new_op(self, op: Any) -> None:
         # Registered now, so that a first call inside torch.compile finds it (registration
