@@ -224,3 +224,19 @@ def affine(x: wp.array(dtype=f64), params: Affine, y: wp.array(dtype=f64)):
 def sum_of_affines(items: wp.array(dtype=Affine), y: wp.array(dtype=f64)):
     i = wp.tid()
     y[i] = items[i].scale + items[i].shift
+
+
+@wp.kernel
+def indexed_square(x: wp.indexedarray(dtype=f64), y: wp.array(dtype=f64)):
+    # an indexedarray input: called with an array, or (values, indices)
+    i = wp.tid()
+    y[i] = x[i] * x[i]
+
+
+@wp.kernel
+def indexed_square_adjoint(
+    x: wp.indexedarray(dtype=f64), y: wp.array(dtype=f64), adj_y: wp.array(dtype=f64), adj_x: wp.array(dtype=f64)
+):
+    # the gradient of the gathered values; the framework's gather scatters it back to `values`
+    i = wp.tid()
+    adj_x[i] = f64(2.0) * x[i] * adj_y[i]

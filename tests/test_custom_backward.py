@@ -343,3 +343,35 @@ def test_struct_arguments_are_checked_and_stay_out_of_torch_compile():
         _ = op.torch_op
     with pytest.raises(wb.WarpBridgeError, match="array of wp.struct Affine; no framework array holds Warp structs"):
         wb.op(B.sum_of_affines)
+
+
+# -- wp.indexedarray inputs ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct CPU call", "wp.launch (the CUDA path)"])
+def test_an_indexedarray_input_takes_values_and_indices_with_their_gradient(direct, monkeypatch):
+    from warpbridge import _plan
+
+    monkeypatch.setattr(_plan, "DIRECT_CPU", direct)
+    with pytest.raises(
+        wb.WarpBridgeError, match=r"cannot differentiate with respect to wp.indexedarray input\(s\) \['x'\]"
+    ):
+        wb.op(B.indexed_square)((xs(6), torch.tensor([1], dtype=torch.int32))).sum().backward()
+    op = wb.op(B.indexed_square, backward=B.indexed_square_adjoint)
+    values = xs(6)
+    idx = torch.tensor([5, 0, 2, 2], dtype=torch.int32)
+    y = op((values, idx))
+    torch.testing.assert_close(y, values.detach()[idx.long()] ** 2)
+    y.sum().backward()  # the repeated index 2 gets both contributions
+    expect = torch.zeros(6, dtype=f64).index_add_(0, idx.long(), 2 * values.detach()[idx.long()])
+    torch.testing.assert_close(values.grad, expect)
+    torch.testing.assert_close(op(values.detach()), values.detach() ** 2)  # a plain array: no indices
+    check_op(op, xs(6))
+
+
+def test_indexedarray_arguments_are_checked():
+    op = wb.op(B.indexed_square)
+    with pytest.raises(wb.WarpBridgeError, match=r"index 1 of argument 'x' must be a 1-D integer array, got float64"):
+        op((xs(6), xs(2)))
+    with pytest.raises(wb.WarpBridgeError, match=r"at most 1 index array\(s\).*got a tuple of 3"):
+        op((xs(6), torch.tensor([0]), torch.tensor([0])))

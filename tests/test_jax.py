@@ -191,3 +191,16 @@ def test_generic_kernel_and_its_generic_backward_under_jit_and_grad():
     np.testing.assert_allclose(np.asarray(g), 3 * np.asarray(x) ** 2, rtol=1e-6)
     v = jax.jit(wb.op(B.generic_scale), static_argnums=1)(jnp.ones((3, 3), jnp.float32), 2.0)  # vec3f
     np.testing.assert_array_equal(np.asarray(v), np.full((3, 3), 2.0, np.float32))
+
+
+def test_indexedarray_input_with_values_and_indices_and_its_backward():
+    import backward_kernels as B
+
+    op = wb.op(B.indexed_square, backward=B.indexed_square_adjoint)
+    v = jnp.asarray(np.linspace(0.5, 1.5, 6))
+    idx = jnp.asarray([5, 0, 2, 2], dtype=jnp.int32)
+    np.testing.assert_allclose(np.asarray(op((v, idx))), np.asarray(v[idx]) ** 2)
+    g = jax.grad(lambda a: jnp.sum(op((a, idx))))(v)
+    expect = np.zeros(6)
+    np.add.at(expect, np.asarray(idx), 2 * np.asarray(v[idx]))
+    np.testing.assert_allclose(np.asarray(g), expect)

@@ -61,6 +61,11 @@ class Backend:
         """A cast the framework differentiates (gradients come back in ``a``'s dtype)."""
         raise NotImplementedError
 
+    def take(self, values: Any, indices: Sequence[Any]) -> Any:
+        """``values`` gathered along each dimension by its index array (None: all of it),
+        differentiably: what a ``wp.indexedarray(values, indices)`` parameter reads."""
+        raise NotImplementedError
+
     # -- calls ------------------------------------------------------------------------------
 
     def call(self, op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:

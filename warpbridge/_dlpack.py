@@ -160,7 +160,12 @@ def _like(first: Any, outs: list, device: Any) -> list:
     return [o.numpy() for o in outs]
 
 
+def take(values: Any, indices: list) -> Any:
+    raise TypeError("arrays passed through DLPack are not gathered; build the wp.indexedarray yourself")
+
+
 class WarpBackend(_Warp):
+    take = staticmethod(take)
     """wp.array and any DLPack / __cuda_array_interface__ producer; forward only."""
 
     call = staticmethod(call)

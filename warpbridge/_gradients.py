@@ -44,7 +44,7 @@ def backward(
     ``private_copy(a)`` and ``ptr(a)``.
     """
     sig = op.sig
-    op.check_gradient()  # rule 7, before anything is launched
+    op.check_gradient(needs)  # rule 7, before anything is launched
     if op.custom_backward is not None:
         fill = targets if fresh_targets else None  # a custom backward may assign: never into a .grad
         return _custom_backward(op, plan, scalars, arrays, grads, needs, fw, device, stream, outputs, fill)

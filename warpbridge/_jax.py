@@ -109,7 +109,14 @@ def _annotated(fn: Any, params: list[tuple[str, Any]]) -> Any:
     return fn
 
 
-_WARP = WarpArrays()  # inside the callbacks the arrays are wp.arrays
+_WARP = WarpArrays()
+
+
+def _plain(p: Param) -> Any:
+    """The callable's view of an input: an indexedarray input arrives gathered, as a plain array."""
+    return (
+        wp.array(dtype=p.wp_type.dtype, ndim=p.ndim) if p.indexed else p.wp_type
+    )  # inside the callbacks the arrays are wp.arrays
 
 
 def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes: tuple, fold: bool) -> Any:
@@ -159,7 +166,7 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
                 op, pr.plan, pr.scalars, pr.arrays, grads, needs, _WARP, pr.device, None, targets, saved, True
             )
 
-    fwd_params = [(p.name, p.wp_type) for p in ins] + [(p.name, p.wp_type) for p in outs]
+    fwd_params = [(p.name, _plain(p)) for p in ins] + [(p.name, p.wp_type) for p in outs]
     vmap_method = "broadcast_all" if fold else "sequential"
     fwd = wp.jax_callable(
         _annotated(forward, fwd_params),
@@ -167,11 +174,11 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
         vmap_method=vmap_method,
         output_dims={p.name: s for p, s in zip(outs, out_shapes)},
     )
-    bwd_params = [(p.name, p.wp_type) for p in ins]
+    bwd_params = [(p.name, _plain(p)) for p in ins]
     if saves:
         bwd_params += [(f"out_{p.name}", p.wp_type) for p in outs]
     bwd_params += [(f"grad_{outs[j].name}", outs[j].wp_type) for j in fouts]
-    bwd_params += [(f"grad_{ins[i].name}", ins[i].wp_type) for i in diff]
+    bwd_params += [(f"grad_{ins[i].name}", _plain(ins[i])) for i in diff]
     cb = op.custom_backward
     bwd = (
         wp.jax_callable(
@@ -216,6 +223,12 @@ class JaxBackend(Backend):
     call = staticmethod(call)
     info = staticmethod(info)
     cast = staticmethod(cast)
+
+    def take(self, values: Any, indices: list) -> Any:
+        for d, idx in enumerate(indices):
+            if idx is not None:
+                values = jax.numpy.take(values, idx, axis=d)
+        return values
 
     def on_backward_attached(self, op: Any) -> None:
         op._state.pop(self.name, None)  # functions built before now captured the old backward

@@ -58,6 +58,12 @@ class NumPyBackend(Backend):
     def cast(self, a: np.ndarray, dtype_name: str) -> np.ndarray:
         return a.astype(dtype_name)
 
+    def take(self, values: np.ndarray, indices: list) -> np.ndarray:
+        for d, idx in enumerate(indices):
+            if idx is not None:
+                values = np.take(values, idx, axis=d)
+        return values
+
     def call(self, op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
         for p in op.sig.array_inputs:
             a = args[p.position] if p.position < len(args) else None

@@ -68,6 +68,7 @@ class WarpOp:
         self._state: dict[str, dict] = {}  # per backend: its caches and registrations (Backend.state)
         self._array_positions = tuple(p.position for p in self.sig.array_inputs)
         self._dims_from_inputs = callable(self.output_dims)
+        self._indexed = tuple(p for p in self.sig.inputs if p.indexed)
         self._lock = threading.Lock()
         self.__doc__ = getattr(fn, "__doc__", None) or f"warpbridge op wrapping {name}."
         self.__wrapped__ = fn
@@ -125,10 +126,21 @@ class WarpOp:
         self.custom_backward = _backward.CustomBackward(self, fn)
         return fn
 
-    def check_gradient(self) -> None:
-        """Raise :class:`WarpBridgeError` if this op's gradient cannot be trusted (rule 7)."""
+    def check_gradient(self, needs: Any = None) -> None:
+        """Raise :class:`WarpBridgeError` if this op's gradient cannot be trusted (rule 7).
+        ``needs``: per array input, whether its gradient is asked for (default: all)."""
         if self.custom_backward is not None:
             return
+        asked = [p for i, p in enumerate(self.sig.array_inputs) if needs is None or needs[i]]
+        indexed = [p.name for p in asked if p.indexed and p.differentiable]
+        if indexed:
+            raise fail(
+                self.name,
+                f"cannot differentiate with respect to wp.indexedarray input(s) {indexed}: Warp's adjoint of a read "
+                "through an indexedarray does nothing (warp/native/array.h: 'do not support gradient computation'), "
+                "so the gradient would be zero. Declare the parameter wp.array and pass the gathered array "
+                "(x[idx] is differentiable), or give the op its own backward (@op.backward)",
+            )
         sig = self.sig
         if not sig.backward_enabled:
             raise fail(
@@ -145,6 +157,8 @@ class WarpOp:
 
     def __call__(self, *args: Any, launch_dims: Any = None, output_dims: Any = None) -> Any:
         """Run the op on framework arrays; see :func:`warpbridge.op`."""
+        if self._indexed:
+            args = self._gather(args)
         if self.generic:
             return self.instance(*args)(*args, launch_dims=launch_dims, output_dims=output_dims)
         outs = _adapter(self, args).call(self, args, launch_dims, output_dims)
@@ -155,9 +169,47 @@ class WarpOp:
 
     def call_all(self, *args: Any, launch_dims: Any = None, output_dims: Any = None) -> Any:
         """Like calling the op, auxiliary outputs included (one array, or a tuple of all)."""
+        if self._indexed:
+            args = self._gather(args)
         if self.generic:
             return self.instance(*args).call_all(*args, launch_dims=launch_dims, output_dims=output_dims)
         return _adapter(self, args).call(self, args, launch_dims, output_dims)
+
+    def _gather(self, args: tuple) -> tuple:
+        """A ``wp.indexedarray`` input called with ``(values, index, ...)``: the framework's own
+        gather (differentiable, so the values get their gradient by its backward), one index
+        array or None per dimension, as Warp's ``indexedarray(values, indices)`` reads it. The
+        kernel then gets the gathered array as an indexedarray without indices."""
+        out = list(args)
+        for p in self._indexed:
+            a = args[p.position] if p.position < len(args) else None
+            if not isinstance(a, tuple):
+                continue
+            if not a or len(a) - 1 > p.ndim:
+                raise fail(
+                    self.name,
+                    f"argument '{p.name}' is a wp.indexedarray: pass an array, or (values, index, ...) with at most "
+                    f"{p.ndim} index array(s) (one per dimension, None to take it whole), got a tuple of {len(a)}",
+                )
+            values, indices = a[0], list(a[1:])
+            named = [(p.name, values, p.describe_type())]
+            named += [
+                (f"{p.name}[{k + 1}]", idx, "a 1-D integer index array")
+                for k, idx in enumerate(indices)
+                if idx is not None
+            ]
+            backend = _frameworks.for_arrays(self.name, named)
+            for k, idx in enumerate(indices):
+                if idx is None:
+                    continue
+                dtype, shape, _ = backend.info(idx)
+                if len(shape) != 1 or not dtype.startswith(("int", "uint")):
+                    raise fail(
+                        self.name,
+                        f"index {k + 1} of argument '{p.name}' must be a 1-D integer array, got {dtype} of shape {shape}",
+                    )
+            out[p.position] = backend.take(values, indices)
+        return tuple(out)
 
     def instance(self, *args: Any) -> WarpOp:
         """The op a generic kernel's call with these arguments runs (itself otherwise).

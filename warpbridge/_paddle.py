@@ -161,7 +161,15 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
+def take(values: paddle.Tensor, indices: list) -> paddle.Tensor:
+    for d, idx in enumerate(indices):
+        if idx is not None:
+            values = paddle.index_select(values, idx, axis=d)
+    return values
+
+
 class PaddleBackend(_Paddle):
+    take = staticmethod(take)
     call = staticmethod(call)
     info = staticmethod(info)
     cast = staticmethod(cast)

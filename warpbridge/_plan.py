@@ -146,7 +146,12 @@ class Plan:
         kernel = sig.kernel
         layouts = dict(zip((p.name for p in sig.array_inputs), in_layouts))
         layouts.update((p.name, (s, st)) for p, s, st in zip(sig.outputs, out_shapes, self.out_strides))
-        templates = [_descriptor(0, *layouts[p.name]) if p.is_array else _zero_scalar(p) for p in sig.params]
+        templates = [
+            (_indexed(p, 0, *layouts[p.name], device) if p.indexed else _descriptor(0, *layouts[p.name]))
+            if p.is_array
+            else _zero_scalar(p)
+            for p in sig.params
+        ]
         try:
             with LOAD_LOCK:
                 rec = record(kernel, launch, templates, device)
@@ -157,6 +162,8 @@ class Plan:
         self.module_exec = rec.module_exec
         self.direct = rec.direct
         self.Args = rec.Args
+        # Warp's adjoint takes a plain array for the gradient of an indexedarray input
+        self.AdjArgs = rec.Args if not any(p.indexed for p in sig.params) else _adjoint_args(sig, rec.Args)
         self.template = rec.template
         self._copy = self.Args.from_buffer_copy
         self._fill = _make_filler(sig)
@@ -241,7 +248,7 @@ class Plan:
         for shape, (ptr, strides) in zip(self.out_shapes, out_grads):
             adj.append(_descriptor(ptr, shape, strides))
         if self.direct:
-            adj_args = self.Args(*adj)
+            adj_args = self.AdjArgs(*adj)
             self.hooks.backward(self._bounds_ref, ctypes.byref(args), ctypes.byref(adj_args))
         else:
             values = self._launch_values(args)
@@ -263,12 +270,27 @@ class Plan:
         values = []
         for p in self.sig.params:
             v = getattr(args, p.name)
-            if p.dtype_name == STRUCT:
+            if p.indexed:  # wp.launch takes an indexedarray as a wp.indexedarray
+                v = _indexed(
+                    p, v.data.data, tuple(v.data.shape[: p.ndim]), tuple(v.data.strides[: p.ndim]), self.device
+                )
+            elif p.dtype_name == STRUCT:
                 v = p.wp_type.instance_type(ctype=v)  # wp.launch takes the struct as an instance
             elif p.dtype_name in _HALF_BITS and not p.is_array and not p.inner_shape:
                 v = p.wp_type(_HALF_BITS[p.dtype_name][1](v))  # the field holds raw bits
             values.append(v)
         return values
+
+
+def _indexed(p: Param, ptr: int, shape: Sequence[int], strides: Sequence[int], device: Any) -> Any:
+    """An indexedarray without indices over foreign memory (see ``WarpOp._gather``)."""
+    data = wp.array(ptr=ptr, dtype=p.wp_type.dtype, shape=tuple(shape), strides=tuple(strides), device=device)
+    return wp.indexedarray(data)
+
+
+def _adjoint_args(sig: Signature, Args: Any) -> Any:
+    fields = [(name, _array_t if p.indexed else t) for (name, t), p in zip(Args._fields_, sig.params)]
+    return type("AdjArgs", (ctypes.Structure,), {"_fields_": fields})
 
 
 def _make_filler(sig: Signature):
@@ -278,7 +300,7 @@ def _make_filler(sig: Signature):
     lines, arr, sc = [], 0, 0
     for p in sig.inputs:
         if p.is_array:
-            lines.append(f"    a.{p.name}.data = ins[{arr}]")
+            lines.append(f"    a.{p.name}.data{'.data' if p.indexed else ''} = ins[{arr}]")
             arr += 1
         elif p.dtype_name == STRUCT:
             lines.append(f"    a.{p.name} = scalars[{sc}].__ctype__()")

@@ -51,6 +51,7 @@ class Param:
     inner_shape: tuple[int, ...]  # (3,) for wp.vec3, (3, 3) for wp.mat33, () otherwise
     ndim: int  # Warp array rank; 0 for scalars
     aux: bool = False  # an auxiliary output: kept for the backward, never returned or differentiated
+    indexed: bool = False  # a wp.indexedarray input: called with an array or (values, indices...)
 
     @property
     def is_float(self) -> bool:
@@ -112,6 +113,13 @@ class Signature:
                 raise WarpBridgeError(
                     f"{name}(): the last {num_outputs} parameter(s) are outputs and must be arrays, "
                     f"but '{p.name}' is {p.describe_type()}"
+                )
+        for p in self.params:
+            if p.indexed and (self.kind != "kernel" or p in self.outputs):
+                raise WarpBridgeError(
+                    f"{name}(): parameter '{p.name}' is a wp.indexedarray "
+                    f"{'output' if p in self.outputs else 'of a launch function'}; indexed arrays are supported as "
+                    "kernel inputs only. Declare it wp.array (a launch function can build the indexedarray itself)"
                 )
         self.outputs = _mark_aux(name, self.outputs, aux)
         self.params = self.inputs + self.outputs
@@ -250,16 +258,11 @@ def _element_info(op: str, label: str, dtype: Any) -> tuple[str, tuple[int, ...]
 
 def _make_param(op: str, position: int, label: str, t: Any) -> Param:
     if wp.types.is_array(t):
-        if type(t).__name__ not in ("array", "_ArrayAnnotation"):
-            hint = ""
-            if type(t).__name__ == "indexedarray":
-                hint = (
-                    ": a framework array is one strided block of memory, with no index list to view it through. "
-                    "Gather in the framework first (x[idx] is differentiable) and declare the parameter wp.array"
-                )
+        indexed = type(t).__name__ == "indexedarray"
+        if type(t).__name__ not in ("array", "_ArrayAnnotation") and not indexed:
             raise WarpBridgeError(
-                f"{op}(): parameter '{label}' is a {type(t).__name__}; only plain wp.array parameters are "
-                f"supported{hint}"
+                f"{op}(): parameter '{label}' is a {type(t).__name__}; only wp.array and wp.indexedarray "
+                "parameters are supported"
             )
         dtype_name, inner = _element_info(op, label, t.dtype)
         if dtype_name == STRUCT:
@@ -268,6 +271,6 @@ def _make_param(op: str, position: int, label: str, t: Any) -> Param:
                 "Warp structs. Pass each field as its own array (a struct of arrays), or the struct itself as a "
                 "scalar argument"
             )
-        return Param(label, position, True, t, dtype_name, inner, int(t.ndim))
+        return Param(label, position, True, t, dtype_name, inner, int(t.ndim), indexed=indexed)
     dtype_name, inner = _element_info(op, label, t)
     return Param(label, position, False, _PYTHON_SCALARS.get(t, t), dtype_name, inner, 0)

@@ -135,6 +135,13 @@ class _Apply(torch.autograd.Function):
         return (None, None, *in_grads)
 
 
+def take(values: torch.Tensor, indices: list) -> torch.Tensor:
+    for d, idx in enumerate(indices):
+        if idx is not None:
+            values = values.index_select(d, idx if idx.dtype in (torch.int32, torch.int64) else idx.long())
+    return values
+
+
 class TorchBackend(_core._Torch):
     """PyTorch: eager autograd, ``torch.compile`` through the registered custom op,
     ``torch.func`` transforms, ``torch.autocast``."""
@@ -142,6 +149,7 @@ class TorchBackend(_core._Torch):
     call = staticmethod(call)
     info = staticmethod(info)
     cast = staticmethod(cast)
+    take = staticmethod(take)
 
     def on_new_op(self, op: Any) -> None:
         # Registered now, so that a first call inside torch.compile finds it (registration
