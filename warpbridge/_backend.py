@@ -9,12 +9,13 @@ writing one subclass and one line in ``_frameworks.ADAPTERS``; see ``docs/archit
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from typing import Any
 
 import warp as wp
 
-from ._signature import _SCALAR_NAMES
+from ._signature import _SCALAR_NAMES, struct_array_name
 from ._validate import WARP_TYPES, contiguous_strides
 
 
@@ -113,6 +114,10 @@ class WarpArrays(Backend):
 
     def meta(self, a: wp.array) -> tuple:
         # A vector/matrix dtype is seen as trailing dims of its scalar, as frameworks hold them.
+        if isinstance(a.dtype, wp._src.codegen.Struct):  # an array of structs: one element per struct
+            size = ctypes.sizeof(a.dtype.ctype)
+            strides = tuple(s // size for s in a.strides)
+            return struct_array_name(a.dtype), tuple(a.shape), strides, size, a.device.alias
         scalar = getattr(a.dtype, "_wp_scalar_type_", a.dtype)
         inner = tuple(getattr(a.dtype, "_shape_", ()))
         itemsize = wp.types.type_size_in_bytes(scalar)

@@ -20,7 +20,7 @@ import warp as wp
 from . import _functions
 from ._errors import fail
 from ._signature import STRUCT, Param, Signature
-from ._validate import _HALF_BITS, _ITEMSIZE, contiguous_strides
+from ._validate import _HALF_BITS, contiguous_strides, itemsize
 
 _array_t = wp._src.types.array_t
 _INIT_LOCK = threading.Lock()
@@ -131,11 +131,10 @@ class Plan:
         self.out_shapes = out_shapes  # Warp shapes
         self.size = math.prod(launch)
         self.out_strides = tuple(
-            contiguous_strides(s + p.inner_shape, _ITEMSIZE[p.dtype_name])[: p.ndim]
-            for p, s in zip(sig.outputs, out_shapes)
+            contiguous_strides(s + p.inner_shape, itemsize(p))[: p.ndim] for p, s in zip(sig.outputs, out_shapes)
         )
         self.in_grad_strides = tuple(
-            contiguous_strides(shape + p.inner_shape, _ITEMSIZE[p.dtype_name])[: p.ndim]
+            contiguous_strides(shape + p.inner_shape, itemsize(p))[: p.ndim]
             for p, (shape, _) in zip(sig.array_inputs, in_layouts)
         )
         self.in_layouts = in_layouts

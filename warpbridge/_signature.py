@@ -114,6 +114,12 @@ class Signature:
                     f"{name}(): the last {num_outputs} parameter(s) are outputs and must be arrays, "
                     f"but '{p.name}' is {p.describe_type()}"
                 )
+        for p in self.outputs:
+            if p.dtype_name.startswith(STRUCT + ":"):
+                raise WarpBridgeError(
+                    f"{name}(): output '{p.name}' is an array of wp.struct {p.wp_type.dtype.key}; no framework array "
+                    "holds Warp structs, so warpbridge cannot allocate it. Return each field as its own array"
+                )
         for p in self.params:
             if p.indexed and (self.kind != "kernel" or p in self.outputs):
                 raise WarpBridgeError(
@@ -220,6 +226,11 @@ STRUCT = "struct"  # a wp.struct scalar: passed as the user's instance, never di
 GENERIC = "any"  # the dtype name of a generic (``Any``) parameter: bound per call (WarpOp.instance)
 
 
+def struct_array_name(struct: Any) -> str:
+    """The dtype name of an array of a wp.struct (only ``wp.array``s carry one)."""
+    return f"{STRUCT}:{struct.key}"
+
+
 def bind_generic(kernel: Any, element: Any, scalar: Any) -> Any:
     """The overload of a generic kernel with ``Any`` bound: array elements to ``element``,
     scalars to ``scalar`` (made once by Warp, then looked up)."""
@@ -266,11 +277,7 @@ def _make_param(op: str, position: int, label: str, t: Any) -> Param:
             )
         dtype_name, inner = _element_info(op, label, t.dtype)
         if dtype_name == STRUCT:
-            raise WarpBridgeError(
-                f"{op}(): parameter '{label}' is an array of wp.struct {t.dtype.key}; no framework array holds "
-                "Warp structs. Pass each field as its own array (a struct of arrays), or the struct itself as a "
-                "scalar argument"
-            )
+            dtype_name = struct_array_name(t.dtype)
         return Param(label, position, True, t, dtype_name, inner, int(t.ndim), indexed=indexed)
     dtype_name, inner = _element_info(op, label, t)
     return Param(label, position, False, _PYTHON_SCALARS.get(t, t), dtype_name, inner, 0)

@@ -4,6 +4,7 @@ thread-indexed arrays; ``prepare`` does it all through a backend and returns the
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -43,6 +44,12 @@ class ArrayArg(NamedTuple):
 
 def check_array(op: str, p: Param, a: ArrayArg) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Validate ``a`` against ``p``; return its Warp shape and Warp byte strides."""
+    if a.dtype_name != p.dtype_name and p.dtype_name.startswith(STRUCT + ":"):
+        raise fail(
+            op,
+            f"argument '{p.name}' must be a wp.array of wp.struct {p.wp_type.dtype.key} (framework arrays cannot "
+            f"hold Warp structs: pass the wp.array itself, forward only), got {a.dtype_name}",
+        )
     if a.dtype_name != p.dtype_name:
         raise fail(
             op, f"argument '{p.name}' must have dtype {p.dtype_name}, got {a.dtype_name} (warpbridge never casts)"
@@ -178,6 +185,12 @@ def check_bounds(op: str, sig: Signature, layouts: Sequence[tuple], launch: tupl
                     f"the launch dims are {tuple(launch)}: it would be accessed past its end. Pass arrays that cover "
                     "the launch dims, or launch_dims/output_dims that fit them",
                 )
+
+
+def itemsize(p: Param) -> int:
+    """Bytes per scalar element of ``p`` (per struct for an array of structs)."""
+    size = _ITEMSIZE.get(p.dtype_name)
+    return size if size is not None else ctypes.sizeof(p.wp_type.dtype.ctype)
 
 
 def contiguous_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
