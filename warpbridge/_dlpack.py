@@ -165,12 +165,12 @@ def take(values: Any, indices: list) -> Any:
 
 
 class WarpBackend(_Warp):
-    take = staticmethod(take)
     """wp.array and any DLPack / __cuda_array_interface__ producer; forward only."""
 
     call = staticmethod(call)
     info = staticmethod(info)
     cast = staticmethod(cast)
+    take = staticmethod(take)
 
 
 BACKEND = WarpBackend()

@@ -169,10 +169,12 @@ def take(values: paddle.Tensor, indices: list) -> paddle.Tensor:
 
 
 class PaddleBackend(_Paddle):
-    take = staticmethod(take)
+    """Paddle: one ``PyLayer`` per call (``_Apply``), the shared gradient rules in its backward."""
+
     call = staticmethod(call)
     info = staticmethod(info)
     cast = staticmethod(cast)
+    take = staticmethod(take)
 
 
 BACKEND = PaddleBackend()
