@@ -115,3 +115,20 @@ def test_compile_around_torch_func_transforms():
     torch.testing.assert_close(per_sample(X, Y), torch.cos(X) * Y)
     batched = torch.compile(vmap(op), backend="aot_eager")
     torch.testing.assert_close(batched(X, Y), torch.sin(X) * Y)
+
+
+@pytest.mark.compile
+def test_an_op_with_a_struct_argument_runs_outside_the_graph():
+    """A wp.struct cannot be in a custom op's schema: torch.compile runs the op between graphs
+    (gradients intact), and fullgraph=True refuses, naming the reason."""
+    import backward_kernels as B
+
+    op = wb.op(B.affine)
+    params = B.Affine()
+    params.scale, params.shift = 2.0, 0.5
+    x = torch.rand(4, dtype=torch.float64, requires_grad=True)
+    y = torch.compile(lambda v: (op(v * 1.0, params) * 3).sum(), backend="aot_eager")(x)
+    y.backward()
+    torch.testing.assert_close(x.grad, 12 * x.detach())
+    with pytest.raises(Exception, match="wp.struct"):
+        torch.compile(lambda v: op(v, params).sum(), fullgraph=True, backend="aot_eager")(x)

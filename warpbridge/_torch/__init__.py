@@ -37,7 +37,13 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
         outs = _func.apply(rule, [args[i] for i in op._array_positions])
         return outs[0] if len(outs) == 1 else tuple(outs)
     if torch.compiler.is_compiling():
+        if _library.unregistrable(op):  # (a wp.struct argument) no custom op: run it outside the graph
+            return _outside_graph(op, args, launch_dims, output_dims)
         return _library_call(op, args, launch_dims, output_dims)
+    return _eager(op, args, launch_dims, output_dims)
+
+
+def _eager(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     c, tensors = _core.prepare_cached(op, args, launch_dims, output_dims)
     needs = torch.is_grad_enabled() and any(
         t.requires_grad for p, t in zip(op.sig.array_inputs, tensors) if p.differentiable
@@ -66,6 +72,11 @@ def _autocast(op: Any, args: tuple) -> tuple:
             if a.dtype != want:
                 out[p.position] = a.to(want)
     return tuple(out)
+
+
+# A graph break: torch.compile runs the op eagerly between compiled graphs (fullgraph=True
+# refuses, naming this function).
+_outside_graph = torch.compiler.disable(_eager, reason="warpbridge: an op with a wp.struct argument has no custom op")
 
 
 def _library_call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:

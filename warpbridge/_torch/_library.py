@@ -217,8 +217,8 @@ def unregistrable(op: WarpOp) -> str | None:
     if structs:
         return (
             f"its wp.struct argument(s) {structs} cannot cross torch.compile's custom-op boundary (the schema holds "
-            "tensors and numbers). Run the op outside the compiled region (torch.compiler.disable), or pass the "
-            "struct's fields as scalar arguments"
+            "tensors and numbers). torch.compile runs such an op between graphs (not with fullgraph=True); or pass "
+            "the struct's fields as scalar arguments"
         )
     return None
 
