@@ -75,7 +75,7 @@ class Backend:
 
     def forward(self, plan: Any, arrays: Sequence[Any], scalars: Sequence[Any], device: Any, stream: Any) -> list:
         """Zeroed outputs from the framework, and the kernel or launch function run into them."""
-        outs = [self.zeros(s + p.inner_shape, p.dtype_name, device) for p, s in zip(plan.sig.outputs, plan.out_shapes)]
+        outs = plan.zeroed_outputs(self, device)
         plan.run([self.ptr(a) for a in arrays], scalars, [self.ptr(o) for o in outs], stream)
         return outs
 

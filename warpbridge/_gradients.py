@@ -36,10 +36,11 @@ def backward(
 
     Input gradients are fresh zeroed arrays from the framework (rule 3). Output gradients are
     only read, unless the adjoint could add into them (the kernel reads that output), in which
-    case it gets a private copy (rule 2). ``targets`` receive Warp's adjoint by addition
-    (a GradBuffer view); ``fresh_targets`` says they are zeroed buffers nothing else holds (a
-    JAX callback's outputs), which a custom backward may fill too. ``outputs``: the forward's outputs, where the
-    framework saved them; otherwise they are recomputed when the backward needs them. ``fw``
+    case it gets a private copy (rule 2). ``targets`` receive Warp's adjoint by addition (a
+    GradBuffer view); ``fresh_targets`` says they are zeroed buffers nothing else holds (a JAX
+    callback's outputs), which a custom backward may fill too. ``outputs``: the forward's
+    outputs, where the framework saved them; otherwise they are recomputed when the backward
+    needs them. ``fw``
     adds to the ``prepare`` description: ``zeros(shape, dtype name, device)``,
     ``private_copy(a)`` and ``ptr(a)``.
     """
@@ -65,7 +66,7 @@ def backward(
     # forward); outputs it never reads need no memory at all.
     values = None
     if sig.kind == "function":  # scratch outputs: the tape re-runs the function into them
-        values = [fw.zeros(s + p.inner_shape, p.dtype_name, device) for p, s in zip(sig.outputs, plan.out_shapes)]
+        values = plan.zeroed_outputs(fw, device)
     elif sig.reads_outputs:
         if outputs is not None:
             values = [fw.private_copy(o) for o in outputs]
@@ -102,7 +103,7 @@ def _output_grad(fw: Any, p: Param, shape: tuple, g: Any, device: Any, private: 
 
 def _replay(plan: Plan, ins: Sequence[int], scalars: Sequence[Any], fw: Any, device: Any, stream: Any) -> list:
     """The forward's outputs, recomputed into fresh zeroed arrays."""
-    outs = [fw.zeros(s + p.inner_shape, p.dtype_name, device) for p, s in zip(plan.sig.outputs, plan.out_shapes)]
+    outs = plan.zeroed_outputs(fw, device)
     plan.run(ins, scalars, [fw.ptr(o) for o in outs], stream)
     return outs
 

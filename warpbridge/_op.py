@@ -157,11 +157,7 @@ class WarpOp:
 
     def __call__(self, *args: Any, launch_dims: Any = None, output_dims: Any = None) -> Any:
         """Run the op on framework arrays; see :func:`warpbridge.op`."""
-        if self._indexed:
-            args = self._gather(args)
-        if self.generic:
-            return self.instance(*args)(*args, launch_dims=launch_dims, output_dims=output_dims)
-        outs = _adapter(self, args).call(self, args, launch_dims, output_dims)
+        outs = self.call_all(*args, launch_dims=launch_dims, output_dims=output_dims)
         visible = self.sig.visible
         if len(visible) == len(self.sig.outputs):
             return outs

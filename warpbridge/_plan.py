@@ -169,6 +169,10 @@ class Plan:
         self._bounds_ref = ctypes.byref(self.bounds)  # byref keeps self.bounds alive
         self._forward = self.hooks.forward
 
+    def zeroed_outputs(self, fw: Any, device: Any) -> list:
+        """The outputs (full shapes, vector/matrix dims included), zeroed by backend ``fw``."""
+        return [fw.zeros(s + p.inner_shape, p.dtype_name, device) for p, s in zip(self.sig.outputs, self.out_shapes)]
+
     def run(
         self,
         in_ptrs: Sequence[int],

@@ -96,6 +96,9 @@ class _Torch(Backend):
     warp_device = staticmethod(warp_device)
 
 
+_ARRAYS = _Torch()
+
+
 class Call(NamedTuple):
     """A validated call: the plan and the packed scalars. Holds no tensor (rule 5)."""
 
@@ -154,11 +157,14 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
     return c, tensors
 
 
+def state(op: WarpOp) -> dict:
+    """This backend's state on ``op`` (Backend.state): its validated calls, its custom op."""
+    return _ARRAYS.state(op)
+
+
 def _fast(op: WarpOp) -> dict:
-    """The op's validated calls by tensor layout: this backend's state on the op."""
-    st = op._state.get("torch")
-    if st is None:
-        st = op._state["torch"] = {}
+    """The op's validated calls by tensor layout."""
+    st = state(op)
     fast = st.get("fast")
     if fast is None:
         fast = st["fast"] = {}

@@ -133,7 +133,7 @@ def register(op: WarpOp) -> Any:
             if _same(found[0], op):
                 # the same kernel with the same options: one registration, whose implementation
                 # belongs to the first op object (so a backward attached later is refused here)
-                _state(op)["shared"] = found[0] is not op
+                _core.state(op)["shared"] = found[0] is not op
                 return found[1]
             raise fail(
                 op.name,
@@ -204,13 +204,6 @@ def _register(op: WarpOp, name: str) -> Any:
     return getattr(torch.ops.warpbridge, name)
 
 
-def _state(op: WarpOp) -> dict:
-    st = op._state.get("torch")
-    if st is None:
-        st = op._state["torch"] = {}
-    return st
-
-
 def unregistrable(op: WarpOp) -> str | None:
     """Why ``op`` cannot be a custom op (its schema holds tensors and numbers only), or None."""
     structs = [p.name for p in op.sig.inputs if p.dtype_name == STRUCT]
@@ -228,7 +221,7 @@ def registered(op: WarpOp) -> Any:
     why = unregistrable(op)
     if why:
         raise fail(op.name, f"has no registered custom op: {why}")
-    st = _state(op)
+    st = _core.state(op)
     found = st.get("op")
     if found is None:
         with _LOCK:
