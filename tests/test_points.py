@@ -7,6 +7,7 @@ import os
 import points_reference as ref_ops
 import pytest
 import torch
+import warp as wp
 
 import warpbridge as wb
 from warpbridge import WarpBridgeError
@@ -287,22 +288,35 @@ def test_tree_is_built_once_per_forward_and_reused_by_backward(monkeypatch):
     assert calls == [70]
 
 
-@pytest.mark.parametrize("pairs", ["pair list", "two searches"])
-def test_radius_backward_paths_agree(pairs, monkeypatch):
-    """The pair-list backward (CPU) and the two-search backward (CUDA, or more pairs than the
-    budget) give the same gradients, checked in float64 against the dense formula."""
+@pytest.mark.parametrize("path", ["one pass", "one pass, two threads", "pair list", "two searches"])
+def test_radius_backward_paths_agree(path, monkeypatch):
+    """The CPU's one-pass backward (each thread adding into its own copy of the reference-side
+    gradients), the pair-list backward (CPU, when those copies would not fit) and the
+    two-search backward (CUDA, or more pairs than the budget) give the same gradients, checked
+    in float64 against the dense formula."""
     from warpbridge.ops import _run
 
-    grids = []
-    real = _core.build_tree
-    monkeypatch.setattr(_core, "build_tree", lambda *a, **k: grids.append(a[1].shape[0]) or real(*a, **k))
-    if pairs == "two searches":
+    grids, passes = [], []
+    real_tree, real_launch = _core.build_tree, _core.launch_queries
+    monkeypatch.setattr(_core, "build_tree", lambda *a, **k: grids.append(a[1].shape[0]) or real_tree(*a, **k))
+    monkeypatch.setattr(
+        _core, "launch_queries", lambda kernel, *a, **k: passes.append(kernel.key) or real_launch(kernel, *a, **k)
+    )
+    if path == "one pass, two threads":
+        monkeypatch.setattr(_core, "MIN_QUERIES_PER_THREAD", 8)
+        monkeypatch.setattr(_core, "get_num_threads", lambda: 2)
+    if path in ("pair list", "two searches"):
+        monkeypatch.setattr(_run, "one_pass_fits", lambda *a: False)
+    if path == "two searches":
         monkeypatch.setattr(_run, "PAIRS_PER_POINT", -(10**9))
     q, r, f = clouds(60, 80, 3, seed=21)
     q = away_from_cutoff(q, r, 0.5)
     ins = [t.clone().requires_grad_() for t in (q, r, f)]
     assert torch.autograd.gradcheck(lambda a, b, c: wb.ops.radius_aggregate(a, b, c, 0.5, 0.2), ins)
-    assert (len(q) in grids) == (pairs == "two searches")  # the query grid of the second search
+    assert (len(q) in grids) == (path == "two searches")  # the query grid of the second search
+    assert any("one_pass" in key for key in passes) == path.startswith("one pass")
+    if path == "one pass, two threads":
+        assert _core.slots(wp.get_device("cpu"), len(q)) == 2  # two copies, added after
 
 
 # -- threads, determinism, non-finite input -----------------------------------------------

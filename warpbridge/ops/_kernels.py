@@ -65,6 +65,7 @@ def kernels(scalar: Any) -> Any:
     V = wp.types.vector(3, T)
     V4 = wp.types.vector(4, T)  # feature rows seen as groups of 4 (F % 4 == 0): ~2x faster gathers
     VK = wp.types.vector(KNN_LOCAL, T)  # per-query kNN weights, in registers or on the stack
+    VKI = wp.types.vector(KNN_LOCAL, wp.int32)
     Sample = wp.types.vector(SAMPLE, T)  # pivot candidates of a large quickselect step
     SampleAt = wp.types.vector(SAMPLE, wp.int32)
     Stack = wp.types.vector(STACK, wp.int32)
@@ -673,6 +674,93 @@ def kernels(scalar: Any) -> Any:
         if need_query != 0:
             d_query[i] = dq
 
+    # On the CPU, where the gradients' copies fit (see _run), the backward is one pass: each
+    # thread adds its queries' terms into its own copy of the reference-side gradients (slot
+    # 0 is the gradient itself, slot t > 0 is ``*_slots[t - 1]``), summed in slot order after.
+    # Threads own fixed queries (scatter launch: ``offset`` is the slot), so it is deterministic.
+
+    @kernel
+    def radius_backward_one_pass(
+        query: wp.array(dtype=V),
+        features: wp.array2d(dtype=T),
+        order: wp.array(dtype=wp.int32),
+        sorted_points: wp.array(dtype=V),
+        lo: wp.array(dtype=V),
+        hi: wp.array(dtype=V),
+        min_index: wp.array(dtype=wp.int32),
+        radius: T,
+        sigma: T,
+        out: wp.array2d(dtype=T),
+        stats: wp.array2d(dtype=T),
+        grad: wp.array2d(dtype=T),
+        need_query: int,
+        need_ref: int,
+        need_features: int,
+        stride: int,
+        offset: int,
+        d_query: wp.array(dtype=V),
+        d_ref: wp.array(dtype=V),
+        d_features: wp.array2d(dtype=T),
+        ref_slots: wp.array2d(dtype=V),
+        feature_slots: wp.array3d(dtype=T),
+    ):
+        i = wp.tid() * stride + offset
+        slot = offset
+        nf = features.shape[1]
+        total = stats[i, 0]
+        dq = V(T(0.0))
+        n = sorted_points.shape[0]
+        leaves = lo.shape[0] // 2
+        depth = levels(leaves)
+        stack = Stack()
+        sp = int(0)
+        reach = sq_bound(radius)
+        go = T(0.0)
+        if total > T(0.0):
+            stack[0] = 1
+            sp = 1
+            go = row_dot(grad, i, out, i, nf)
+        q = query[i]
+        nearest = stats[i, 1]
+        inv = T(1.0) / wp.max(total, T(1e-30))
+        geometry = need_query != 0 or need_ref != 0
+        while sp > 0:
+            sp -= 1
+            node = stack[sp]
+            if node < leaves:
+                child = 2 * node
+                if near_box(q, lo[child + 1], hi[child + 1], reach, radius):
+                    stack[sp] = child + 1
+                    sp += 1
+                if near_box(q, lo[child], hi[child], reach, radius):
+                    stack[sp] = child
+                    sp += 1
+            else:
+                for s in range(leaf_start(node - leaves, n, depth), leaf_start(node - leaves + 1, n, depth)):
+                    diff = q - sorted_points[s]
+                    if wp.dot(diff, diff) > reach:
+                        continue
+                    d = norm(diff)
+                    if d <= radius:
+                        j = order[s]
+                        p = wp.exp((nearest - d) / sigma) * inv
+                        if need_features != 0:
+                            if slot == 0:
+                                row_axpy(d_features, j, p, grad, i, nf)
+                            else:
+                                row_axpy(feature_slots[slot - 1], j, p, grad, i, nf)
+                        if geometry and d > T(0.0):
+                            g_f = row_dot(grad, i, features, j, nf)
+                            v = diff * (p * (go - g_f) / (sigma * d))  # dL/dq_i += v, dL/dr_j -= v
+                            dq += v
+                            if need_ref != 0:
+                                if slot == 0:
+                                    d_ref[j] = d_ref[j] - v
+                                else:
+                                    ref_slots[slot - 1, j] = ref_slots[slot - 1, j] - v
+        if need_query != 0:
+            d_query[i] = dq
+
     @kernel
     def pairs_by_ref(
         pair_ref: wp.array(dtype=wp.int32),
@@ -769,6 +857,11 @@ def kernels(scalar: Any) -> Any:
         kd = T(wp.inf)  # the k-th distance and index once the list is full
         kj = wp.int64(-1)
         bound = T(wp.inf)
+        # k <= KNN_LOCAL: the sorted top k in local vectors (registers or the stack), written
+        # out once; larger k: in dist/idx directly.
+        local = k <= KNN_LOCAL
+        top_d = VK(T(wp.inf))
+        top_i = VKI(-1)
         while node > 0 or sp > 0:
             if node == 0:
                 sp -= 1
@@ -805,6 +898,27 @@ def kernels(scalar: Any) -> Any:
                     node = a
                     g2 = da
                 sp += 1
+            elif local:
+                for s in range(leaf_start(node - leaves, n, depth), leaf_start(node - leaves + 1, n, depth)):
+                    diff = q - sorted_points[s]
+                    if count < k or wp.dot(diff, diff) <= bound:
+                        d = norm(diff)
+                        j = order[s]
+                        if d < T(wp.inf) and (count < k or d < kd or (d == kd and wp.int64(j) < kj)):
+                            pos = wp.min(count, k - 1)
+                            while pos > 0 and (d < top_d[pos - 1] or (d == top_d[pos - 1] and j < top_i[pos - 1])):
+                                top_d[pos] = top_d[pos - 1]
+                                top_i[pos] = top_i[pos - 1]
+                                pos -= 1
+                            top_d[pos] = d
+                            top_i[pos] = j
+                            if count < k:
+                                count += 1
+                            if count == k:
+                                kd = top_d[k - 1]
+                                kj = wp.int64(top_i[k - 1])
+                                bound = sq_bound(kd)
+                node = 0
             else:
                 for s in range(leaf_start(node - leaves, n, depth), leaf_start(node - leaves + 1, n, depth)):
                     count = knn_consider(q, sorted_points, order, s, i, k, count, bound, dist, idx)
@@ -813,6 +927,10 @@ def kernels(scalar: Any) -> Any:
                     kj = idx[i, k - 1]
                     bound = sq_bound(kd)
                 node = 0
+        if local:
+            for n in range(count):
+                dist[i, n] = top_d[n]
+                idx[i, n] = wp.int64(top_i[n])
         if out.shape[0] > 0:
             aggregate_row(features, features4, dist, idx, sigma, i, out, out4)
 
@@ -909,6 +1027,7 @@ def kernels(scalar: Any) -> Any:
         radius_backward_ref=radius_backward_ref,
         pair_counts=pair_counts,
         pairs_by_ref=pairs_by_ref,
+        radius_backward_one_pass=radius_backward_one_pass,
         radius_backward_ref_pairs=radius_backward_ref_pairs,
         knn_search=knn_search,
         knn_backward=knn_backward,
