@@ -65,7 +65,6 @@ def kernels(scalar: Any) -> Any:
     V = wp.types.vector(3, T)
     V4 = wp.types.vector(4, T)  # feature rows seen as groups of 4 (F % 4 == 0): ~2x faster gathers
     VK = wp.types.vector(KNN_LOCAL, T)  # per-query kNN weights, in registers or on the stack
-    VKI = wp.types.vector(KNN_LOCAL, wp.int32)
     Sample = wp.types.vector(SAMPLE, T)  # pivot candidates of a large quickselect step
     SampleAt = wp.types.vector(SAMPLE, wp.int32)
     Stack = wp.types.vector(STACK, wp.int32)
@@ -857,11 +856,6 @@ def kernels(scalar: Any) -> Any:
         kd = T(wp.inf)  # the k-th distance and index once the list is full
         kj = wp.int64(-1)
         bound = T(wp.inf)
-        # k <= KNN_LOCAL: the sorted top k in local vectors (registers or the stack), written
-        # out once; larger k: in dist/idx directly.
-        local = k <= KNN_LOCAL
-        top_d = VK(T(wp.inf))
-        top_i = VKI(-1)
         while node > 0 or sp > 0:
             if node == 0:
                 sp -= 1
@@ -898,27 +892,6 @@ def kernels(scalar: Any) -> Any:
                     node = a
                     g2 = da
                 sp += 1
-            elif local:
-                for s in range(leaf_start(node - leaves, n, depth), leaf_start(node - leaves + 1, n, depth)):
-                    diff = q - sorted_points[s]
-                    if count < k or wp.dot(diff, diff) <= bound:
-                        d = norm(diff)
-                        j = order[s]
-                        if d < T(wp.inf) and (count < k or d < kd or (d == kd and wp.int64(j) < kj)):
-                            pos = wp.min(count, k - 1)
-                            while pos > 0 and (d < top_d[pos - 1] or (d == top_d[pos - 1] and j < top_i[pos - 1])):
-                                top_d[pos] = top_d[pos - 1]
-                                top_i[pos] = top_i[pos - 1]
-                                pos -= 1
-                            top_d[pos] = d
-                            top_i[pos] = j
-                            if count < k:
-                                count += 1
-                            if count == k:
-                                kd = top_d[k - 1]
-                                kj = wp.int64(top_i[k - 1])
-                                bound = sq_bound(kd)
-                node = 0
             else:
                 for s in range(leaf_start(node - leaves, n, depth), leaf_start(node - leaves + 1, n, depth)):
                     count = knn_consider(q, sorted_points, order, s, i, k, count, bound, dist, idx)
@@ -927,10 +900,6 @@ def kernels(scalar: Any) -> Any:
                     kj = idx[i, k - 1]
                     bound = sq_bound(kd)
                 node = 0
-        if local:
-            for n in range(count):
-                dist[i, n] = top_d[n]
-                idx[i, n] = wp.int64(top_i[n])
         if out.shape[0] > 0:
             aggregate_row(features, features4, dist, idx, sigma, i, out, out4)
 
