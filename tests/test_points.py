@@ -288,12 +288,16 @@ def test_tree_is_built_once_per_forward_and_reused_by_backward(monkeypatch):
     assert calls == [70]
 
 
-@pytest.mark.parametrize("path", ["one pass", "one pass, two threads", "pair list", "two searches"])
+PATHS = ["one pass", "one pass, searching again", "one pass, two threads", "pair list", "two searches"]
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_radius_backward_paths_agree(path, monkeypatch):
-    """The CPU's one-pass backward (each thread adding into its own copy of the reference-side
-    gradients), the pair-list backward (CPU, when those copies would not fit) and the
-    two-search backward (CUDA, or more pairs than the budget) give the same gradients, checked
-    in float64 against the dense formula."""
+    """Every backward path gives the same gradients, checked in float64 against the dense
+    formula: the CPU's one pass (each thread adding into its own copy of the reference-side
+    gradients) over the neighbours the forward listed, or searching again for a query with
+    more than it lists; the pair list (CPU, when those copies would not fit); and the two
+    searches (CUDA, or more pairs than the budget)."""
     from warpbridge.ops import _run
 
     grids, passes = [], []
@@ -309,10 +313,16 @@ def test_radius_backward_paths_agree(path, monkeypatch):
         monkeypatch.setattr(_run, "one_pass_fits", lambda *a: False)
     if path == "two searches":
         monkeypatch.setattr(_run, "PAIRS_PER_POINT", -(10**9))
-    q, r, f = clouds(60, 80, 3, seed=21)
-    q = away_from_cutoff(q, r, 0.5)
+    if path == "one pass, searching again":  # every reference point within the radius of every query
+        q, r, f = clouds(30, 2 * _run.LISTED, 3, seed=21)
+        radius = 100.0
+        assert torch.cdist(q, r).max() < radius
+    else:
+        q, r, f = clouds(60, 80, 3, seed=21)
+        radius = 0.5
+        q = away_from_cutoff(q, r, radius)
     ins = [t.clone().requires_grad_() for t in (q, r, f)]
-    assert torch.autograd.gradcheck(lambda a, b, c: wb.ops.radius_aggregate(a, b, c, 0.5, 0.2), ins)
+    assert torch.autograd.gradcheck(lambda a, b, c: wb.ops.radius_aggregate(a, b, c, radius, 0.2), ins)
     assert (len(q) in grids) == (path == "two searches")  # the query grid of the second search
     assert any("one_pass" in key for key in passes) == path.startswith("one pass")
     if path == "one pass, two threads":
@@ -372,6 +382,10 @@ def test_openmp_workers_and_own_pool_give_the_same_bits(monkeypatch):
 
 
 def _child(conn):
+    # As a DataLoader worker does: once the parent has run a parallel PyTorch op, any torch op
+    # large enough to go parallel hangs in a forked child with PyTorch's default threads
+    # (GNU OpenMP does not survive fork; measured with torch.zeros(3000, 64) alone).
+    torch.set_num_threads(1)
     q, r, f = clouds(3000, 2000, 4, torch.float32, seed=15)
     conn.send([float(t.sum()) for t in _two_thread_results([t.clone().requires_grad_() for t in (q, r, f)])])
 

@@ -448,10 +448,14 @@ def kernels(scalar: Any) -> Any:
         offset: int,
         out: wp.array2d(dtype=T),
         stats: wp.array2d(dtype=T),
+        neighbours: wp.array2d(dtype=wp.int32),
     ):
+        # `neighbours` keeps the first neighbours' places in the tree (as many as fit) for the
+        # CPU backward, which then needs no search for the queries that have no more.
         i = wp.tid() * stride + offset
         q = query[i]
         nf = features.shape[1]
+        listed = neighbours.shape[1]
         for f in range(nf):
             out[i, f] = T(0.0)
         total = T(0.0)  # sum of the shifted weights exp((nearest - d) / sigma)
@@ -498,6 +502,8 @@ def kernels(scalar: Any) -> Any:
                             found = 1
                         w = wp.exp((nearest - d) / sigma)
                         total += w
+                        if count < listed:
+                            neighbours[i, count] = s
                         count += 1
                         row_axpy(out, i, w, features, j, nf)
         if found != 0:
@@ -678,6 +684,46 @@ def kernels(scalar: Any) -> Any:
     # 0 is the gradient itself, slot t > 0 is ``*_slots[t - 1]``), summed in slot order after.
     # Threads own fixed queries (scatter launch: ``offset`` is the slot), so it is deterministic.
 
+    @func
+    def pair_backward(
+        i: int,
+        s: int,
+        diff: V,
+        d: T,
+        p: T,
+        go: T,
+        sigma: T,
+        order: wp.array(dtype=wp.int32),
+        features: wp.array2d(dtype=T),
+        grad: wp.array2d(dtype=T),
+        need_features: int,
+        geometry: int,
+        need_ref: int,
+        slot: int,
+        d_ref: wp.array(dtype=V),
+        d_features: wp.array2d(dtype=T),
+        ref_slots: wp.array2d(dtype=V),
+        feature_slots: wp.array3d(dtype=T),
+    ) -> V:
+        # One pair's terms: added into the reference side's slot, dL/dq_i's returned.
+        j = order[s]
+        nf = features.shape[1]
+        if need_features != 0:
+            if slot == 0:
+                row_axpy(d_features, j, p, grad, i, nf)
+            else:
+                row_axpy(feature_slots[slot - 1], j, p, grad, i, nf)
+        v = V(T(0.0))
+        if geometry != 0 and d > T(0.0):
+            g_f = row_dot(grad, i, features, j, nf)
+            v = diff * (p * (go - g_f) / (sigma * d))  # dL/dq_i += v, dL/dr_j -= v
+            if need_ref != 0:
+                if slot == 0:
+                    d_ref[j] = d_ref[j] - v
+                else:
+                    ref_slots[slot - 1, j] = ref_slots[slot - 1, j] - v
+        return v
+
     @kernel
     def radius_backward_one_pass(
         query: wp.array(dtype=V),
@@ -691,6 +737,7 @@ def kernels(scalar: Any) -> Any:
         sigma: T,
         out: wp.array2d(dtype=T),
         stats: wp.array2d(dtype=T),
+        neighbours: wp.array2d(dtype=wp.int32),
         grad: wp.array2d(dtype=T),
         need_query: int,
         need_ref: int,
@@ -707,6 +754,14 @@ def kernels(scalar: Any) -> Any:
         slot = offset
         nf = features.shape[1]
         total = stats[i, 0]
+        count = int(stats[i, 2])
+        q = query[i]
+        nearest = stats[i, 1]
+        inv = T(1.0) / wp.max(total, T(1e-30))
+        geometry = int(need_query != 0 or need_ref != 0)
+        go = T(0.0)
+        if total > T(0.0):
+            go = row_dot(grad, i, out, i, nf)
         dq = V(T(0.0))
         n = sorted_points.shape[0]
         leaves = lo.shape[0] // 2
@@ -714,15 +769,20 @@ def kernels(scalar: Any) -> Any:
         stack = Stack()
         sp = int(0)
         reach = sq_bound(radius)
-        go = T(0.0)
-        if total > T(0.0):
+        if count <= neighbours.shape[1]:
+            # every neighbour listed by the forward: the same pairs, in the same order
+            for c in range(count):
+                s = neighbours[i, c]
+                diff = q - sorted_points[s]
+                d = norm(diff)
+                p = wp.exp((nearest - d) / sigma) * inv
+                dq += pair_backward(
+                    i, s, diff, d, p, go, sigma, order, features, grad, need_features, geometry, need_ref,
+                    slot, d_ref, d_features, ref_slots, feature_slots,
+                )  # fmt: skip
+        elif total > T(0.0):
             stack[0] = 1
             sp = 1
-            go = row_dot(grad, i, out, i, nf)
-        q = query[i]
-        nearest = stats[i, 1]
-        inv = T(1.0) / wp.max(total, T(1e-30))
-        geometry = need_query != 0 or need_ref != 0
         while sp > 0:
             sp -= 1
             node = stack[sp]
@@ -741,22 +801,11 @@ def kernels(scalar: Any) -> Any:
                         continue
                     d = norm(diff)
                     if d <= radius:
-                        j = order[s]
                         p = wp.exp((nearest - d) / sigma) * inv
-                        if need_features != 0:
-                            if slot == 0:
-                                row_axpy(d_features, j, p, grad, i, nf)
-                            else:
-                                row_axpy(feature_slots[slot - 1], j, p, grad, i, nf)
-                        if geometry and d > T(0.0):
-                            g_f = row_dot(grad, i, features, j, nf)
-                            v = diff * (p * (go - g_f) / (sigma * d))  # dL/dq_i += v, dL/dr_j -= v
-                            dq += v
-                            if need_ref != 0:
-                                if slot == 0:
-                                    d_ref[j] = d_ref[j] - v
-                                else:
-                                    ref_slots[slot - 1, j] = ref_slots[slot - 1, j] - v
+                        dq += pair_backward(
+                            i, s, diff, d, p, go, sigma, order, features, grad, need_features, geometry,
+                            need_ref, slot, d_ref, d_features, ref_slots, feature_slots,
+                        )  # fmt: skip
         if need_query != 0:
             d_query[i] = dq
 

@@ -30,6 +30,11 @@ SLOT_BYTES = 64 << 20
 # Otherwise it records its neighbour pairs while they fit in this many per point (beyond,
 # e.g. a radius spanning the whole cloud, it searches from both sides instead, as on CUDA).
 PAIRS_PER_POINT = 64
+# The radius forward lists each query's first LISTED neighbours (their places in the tree),
+# fewer when the list would pass LISTED_BYTES: the CPU backward searches again only for the
+# queries that have more.
+LISTED = 64
+LISTED_BYTES = 16 << 20
 TREE = ("order", "sorted_points", "lo", "hi", "min_index")
 
 
@@ -107,18 +112,20 @@ def _pair_count(k: Any, stats: wp.array, m: int) -> tuple[int, wp.array]:
 # -- the launch functions, by float type ---------------------------------------------------------
 
 
-def _radius_forward(k, query, ref, features, radius, sigma, out, stats, tree):
+def _radius_forward(k, query, ref, features, radius, sigma, out, stats, neighbours, tree):
     _tree(k, ref, tree)
-    _launch(k.radius_forward, query.shape[0], [query, features, *tree, radius, sigma], [out, stats], query.device)
+    before = [query, features, *tree, radius, sigma]
+    _launch(k.radius_forward, query.shape[0], before, [out, stats, neighbours], query.device)
 
 
-def _radius_backward(k, T, query, ref, features, radius, sigma, out, stats, tree, grad, dq, dr, df, needs):
+def _radius_backward(k, T, query, ref, features, radius, sigma, out, stats, neighbours, tree, grad, dq, dr, df, needs):
     m, n, device = query.shape[0], ref.shape[0], query.device
     if not any(needs):
         return
     slots = _core.slots(device, m)
     if device.is_cpu and one_pass_fits(slots, n, (features.shape[1] + 3) * wp.types.type_size_in_bytes(T)):
-        _radius_backward_one_pass(k, query, features, radius, sigma, out, stats, tree, grad, dq, dr, df, needs, slots)
+        one_pass = (query, features, radius, sigma, out, stats, neighbours, tree, grad, dq, dr, df, needs, slots)
+        _radius_backward_one_pass(k, *one_pass)
         return
     g_out = _scratch(m, T, device)
     pairs = _pair_count(k, stats, m) if device.is_cpu and (needs[1] or needs[2]) else None
@@ -149,7 +156,7 @@ def one_pass_fits(slots: int, n: int, row_bytes: int) -> bool:
     return (slots - 1) * n * row_bytes <= max(SLOT_BYTES, n * row_bytes)
 
 
-def _radius_backward_one_pass(k, query, features, radius, sigma, out, stats, tree, grad, dq, dr, df, needs, slots):
+def _radius_backward_one_pass(k, query, features, radius, sigma, out, stats, neighbours, tree, grad, dq, dr, df, needs, slots):
     """The CPU backward in one search: each thread adds into its own copy of ``dr`` and ``df``
     (thread 0 into them directly), summed in thread order afterwards. Against the pair list
     it measured 6.4 -> 5.5 ms per backward at the benchmark's CPU size (no transpose, no
@@ -157,7 +164,7 @@ def _radius_backward_one_pass(k, query, features, radius, sigma, out, stats, tre
     device, extra = query.device, slots - 1
     r_slots = wp.zeros((extra, dr.shape[0] if needs[1] else 0), dtype=dr.dtype, device=device)
     f_slots = wp.zeros((extra, *(df.shape if needs[2] else (0, 0))), dtype=df.dtype, device=device)
-    before = [query, features, *tree, radius, sigma, out, stats, grad, *(int(x) for x in needs)]
+    before = [query, features, *tree, radius, sigma, out, stats, neighbours, grad, *(int(x) for x in needs)]
     after = [dq, dr, df, r_slots, f_slots]
     _core.launch_queries(k.radius_backward_one_pass, query.shape[0], slots, before, after, device, None, scatter=True)
     for slot_copies, into in ((r_slots, dr), (f_slots, df)):
@@ -199,8 +206,15 @@ def _knn_aggregate_backward(k, query, ref, features, sigma, out, dist, idx, grad
     _fold(f_slots, df)
 
 
+def listed_neighbours(m: int) -> int:
+    """Neighbours per query the radius forward lists for the backward (see LISTED)."""
+    return max(1, min(LISTED, LISTED_BYTES // (4 * max(m, 1))))
+
+
 def _radius_dims(query, ref, features, radius, sigma):
-    return {"out": (query[0], features[1]), "stats": (query[0], STATS), **tree_dims(ref[0])}
+    m = query[0]
+    dims = {"out": (m, features[1]), "stats": (m, STATS), "neighbours": (m, listed_neighbours(m))}
+    return {**dims, **tree_dims(ref[0])}
 
 
 def _knn_dims(query, ref, k):
@@ -217,27 +231,29 @@ def declared(dtype: str) -> types.SimpleNamespace:
     T = wp.float32 if dtype == "float32" else wp.float64
     V = wp.types.vector(3, T)
     Points, Rows, Index = wp.array(dtype=V), wp.array2d(dtype=T), wp.array(dtype=wp.int32)
-    Neighbours = wp.array2d(dtype=wp.int64)
+    Neighbours, Listed = wp.array2d(dtype=wp.int64), wp.array2d(dtype=wp.int32)
 
     def kernels(device: Any) -> Any:
         return _core.kernels_for(dtype, device)
 
     def radius_aggregate(
         query: Points, ref: Points, features: Rows, radius: T, sigma: T,
-        out: Rows, stats: Rows, order: Index, sorted_points: Points, lo: Points, hi: Points, min_index: Index,
+        out: Rows, stats: Rows, neighbours: Listed,
+        order: Index, sorted_points: Points, lo: Points, hi: Points, min_index: Index,
     ):  # fmt: skip
         tree = (order, sorted_points, lo, hi, min_index)
-        _radius_forward(kernels(query.device), query, ref, features, radius, sigma, out, stats, tree)
+        _radius_forward(kernels(query.device), query, ref, features, radius, sigma, out, stats, neighbours, tree)
 
     def radius_aggregate_backward(
         query: Points, ref: Points, features: Rows, radius: T, sigma: T,
-        out: Rows, stats: Rows, order: Index, sorted_points: Points, lo: Points, hi: Points, min_index: Index,
+        out: Rows, stats: Rows, neighbours: Listed,
+        order: Index, sorted_points: Points, lo: Points, hi: Points, min_index: Index,
         adj_out: Rows, adj_query: Points, adj_ref: Points, adj_features: Rows, *, needs_input_grad,
     ):  # fmt: skip
         tree = (order, sorted_points, lo, hi, min_index)
         k = kernels(query.device)
         _radius_backward(
-            k, T, query, ref, features, radius, sigma, out, stats, tree, adj_out,
+            k, T, query, ref, features, radius, sigma, out, stats, neighbours, tree, adj_out,
             adj_query, adj_ref, adj_features, needs_input_grad,
         )  # fmt: skip
 
@@ -271,8 +287,8 @@ def declared(dtype: str) -> types.SimpleNamespace:
     return types.SimpleNamespace(
         radius_aggregate=_declare(
             radius_aggregate,
-            num_outputs=7,
-            aux=("stats", *TREE),
+            num_outputs=8,
+            aux=("stats", "neighbours", *TREE),
             output_dims=_radius_dims,
             backward=radius_aggregate_backward,
         ),  # fmt: skip
