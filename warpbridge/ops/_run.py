@@ -164,7 +164,8 @@ def _radius_backward_one_pass(
     (searching again for a query with more): each thread adds into its own copy of ``dr``
     and ``df`` (thread 0 into them directly), summed in thread order afterwards. Against the
     pair list (a second search, a transpose, a pass over the references) it measured
-    6.4 -> 5.3 ms per backward at the benchmark's CPU size (step minus forward), and the list took it to 3.0 ms."""
+    6.4 -> 5.3 ms per backward (step minus forward) at the benchmark's CPU size; the list
+    took it to 3.0 ms."""
     device, extra = query.device, slots - 1
     r_slots = wp.zeros((extra, dr.shape[0] if needs[1] else 0), dtype=dr.dtype, device=device)
     f_slots = wp.zeros((extra, *(df.shape if needs[2] else (0, 0))), dtype=df.dtype, device=device)
