@@ -383,9 +383,11 @@ def kernels(scalar: Any) -> Any:
         merge_up(parts + wp.tid() * stride + offset, lo, hi, min_index)
 
     @kernel
-    def tree_init(points: wp.array(dtype=V), pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32)):
+    def tree_init(
+        points: wp.array(dtype=V), stride: int, offset: int, pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32)
+    ):
         # The points to be permuted; a non-finite one becomes (+inf, +inf, +inf).
-        i = wp.tid()
+        i = wp.tid() * stride + offset
         p = points[i]
         if not finite(p):
             p = V(T(wp.inf))
