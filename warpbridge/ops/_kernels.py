@@ -965,8 +965,10 @@ def kernels(scalar: Any) -> Any:
         stride: int,
         offset: int,
         d_query: wp.array(dtype=V),
-        d_ref: wp.array2d(dtype=V),
+        d_ref: wp.array(dtype=V),
+        ref_slots: wp.array2d(dtype=V),
     ):
+        # On the CPU thread `offset` adds into ref_slots[offset - 1] (thread 0 into d_ref).
         i = wp.tid() * stride + offset
         q = query[i]
         dq = V(T(0.0))
@@ -979,7 +981,10 @@ def kernels(scalar: Any) -> Any:
                     v = diff * (grad[i, n] / d)
                     dq += v
                     if need_ref != 0:
-                        wp.atomic_sub(d_ref, offset, int(j), v)
+                        if offset == 0:
+                            wp.atomic_sub(d_ref, int(j), v)
+                        else:
+                            wp.atomic_sub(ref_slots, offset - 1, int(j), v)
         if need_query != 0:
             d_query[i] = dq
 
@@ -999,10 +1004,13 @@ def kernels(scalar: Any) -> Any:
         stride: int,
         offset: int,
         d_query: wp.array(dtype=V),
-        d_ref: wp.array2d(dtype=V),
-        d_features: wp.array3d(dtype=T),
+        d_ref: wp.array(dtype=V),
+        d_features: wp.array2d(dtype=T),
+        ref_slots: wp.array2d(dtype=V),
+        feature_slots: wp.array3d(dtype=T),
     ):
-        # Same algebra as radius_backward, with the k nearest in place of the ball.
+        # Same algebra as the radius backward, with the k nearest in place of the ball. On the
+        # CPU thread `offset` adds into the slots `offset - 1` (thread 0 into d_ref, d_features).
         i = wp.tid() * stride + offset
         nf = features.shape[1]
         nearest = dist[i, 0]
@@ -1021,8 +1029,12 @@ def kernels(scalar: Any) -> Any:
                     j = int(j64)
                     p = wp.exp((nearest - dist[i, n]) / sigma) * inv
                     if need_features != 0:
-                        for f in range(nf):
-                            wp.atomic_add(d_features, offset, j, f, p * grad[i, f])
+                        if offset == 0:
+                            for f in range(nf):
+                                wp.atomic_add(d_features, j, f, p * grad[i, f])
+                        else:
+                            for f in range(nf):
+                                wp.atomic_add(feature_slots, offset - 1, j, f, p * grad[i, f])
                     if need_query != 0 or need_ref != 0:
                         diff = q - ref[j]
                         d = norm(diff)
@@ -1031,7 +1043,10 @@ def kernels(scalar: Any) -> Any:
                             v = diff * (p * (g_out - g_f) / (sigma * d))
                             dq += v
                             if need_ref != 0:
-                                wp.atomic_sub(d_ref, offset, j, v)
+                                if offset == 0:
+                                    wp.atomic_sub(d_ref, j, v)
+                                else:
+                                    wp.atomic_sub(ref_slots, offset - 1, j, v)
             if need_query != 0:
                 d_query[i] = dq
 

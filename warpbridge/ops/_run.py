@@ -64,23 +64,22 @@ def _launch(kernel: Any, m: int, before: list, after: list, device: Any, scatter
     _core.launch_queries(kernel, m, _core.slots(device, m), before, after, device, None, scatter=scatter)
 
 
-def _slot_view(a: wp.array, slots: int) -> wp.array:
-    """Scatter slots for the gradient ``a``: ``a`` itself seen with a leading dim of 1, or
-    zeroed scratch with ``slots`` copies, to be folded into ``a`` afterwards."""
-    if slots == 1:
-        return wp.array(ptr=a.ptr, dtype=a.dtype, shape=(1, *a.shape), strides=(0, *a.strides), device=a.device)
-    return wp.zeros((slots, *a.shape), dtype=a.dtype, device=a.device)
+def _thread_copies(a: wp.array, slots: int, needed: bool) -> wp.array:
+    """Zeroed copies of the gradient ``a`` for threads 1 .. slots - 1 of a pass that adds
+    into per-thread copies (thread 0 adds into ``a`` itself); empty when not ``needed``."""
+    shape = a.shape if needed else (0,) * a.ndim
+    return wp.zeros((slots - 1, *shape), dtype=a.dtype, device=a.device)
 
 
-def _fold(slots: wp.array, into: wp.array) -> None:
-    """Add the scatter slots into ``into`` in slot order (deterministic). More than one slot
-    means a CPU launch: NumPy's vectorised adds on views of the same memory measured ~3x
-    faster than a Warp kernel looping over the slots."""
-    if slots.shape[0] == 1:  # the one slot is ``into`` itself
+def _add_copies(copies: wp.array, into: wp.array) -> None:
+    """Add the threads' copies into ``into`` in thread order (deterministic). They exist only
+    on the CPU: NumPy's vectorised adds on views of the same memory measured ~3x faster than a
+    Warp kernel looping over the copies."""
+    if copies.size == 0:
         return
-    out = into.numpy()
-    for part in slots.numpy():
-        np.add(out, part, out=out)
+    total = into.numpy()
+    for part in copies.numpy():
+        np.add(total, part, out=total)
 
 
 _VEC4 = {wp.float32: wp.vec4f, wp.float64: wp.vec4d}
@@ -166,17 +165,13 @@ def _radius_backward_one_pass(
     pair list (a second search, a transpose, a pass over the references) it measured
     6.4 -> 5.3 ms per backward (step minus forward) at the benchmark's CPU size; the list
     took it to 3.0 ms."""
-    device, extra = query.device, slots - 1
-    r_slots = wp.zeros((extra, dr.shape[0] if needs[1] else 0), dtype=dr.dtype, device=device)
-    f_slots = wp.zeros((extra, *(df.shape if needs[2] else (0, 0))), dtype=df.dtype, device=device)
+    device = query.device
+    r_slots, f_slots = _thread_copies(dr, slots, needs[1]), _thread_copies(df, slots, needs[2])
     before = [query, features, *tree, radius, sigma, out, stats, neighbours, grad, *(int(x) for x in needs)]
     after = [dq, dr, df, r_slots, f_slots]
     _core.launch_queries(k.radius_backward_one_pass, query.shape[0], slots, before, after, device, None, scatter=True)
-    for slot_copies, into in ((r_slots, dr), (f_slots, df)):
-        if slot_copies.size:
-            total = into.numpy()
-            for part in slot_copies.numpy():
-                np.add(total, part, out=total)
+    _add_copies(r_slots, dr)
+    _add_copies(f_slots, df)
 
 
 def _knn_forward(k, query, ref, kk, dist, idx, features=None, sigma=1.0, out=None):
@@ -189,26 +184,27 @@ def _knn_forward(k, query, ref, kk, dist, idx, features=None, sigma=1.0, out=Non
 
 
 def _knn_backward(k, query, ref, idx, grad, dq, dr, needs):
-    m = query.shape[0]
+    m, device = query.shape[0], query.device
     if not any(needs):
         return
-    slots = _slot_view(dr, _core.slots(query.device, m) if needs[1] else 1)
+    slots = _core.slots(device, m)
+    r_slots = _thread_copies(dr, slots, needs[1])
     before = [query, ref, idx, grad, int(needs[0]), int(needs[1])]
-    _launch(k.knn_backward, m, before, [dq, slots], query.device, scatter=True)
-    _fold(slots, dr)
+    _core.launch_queries(k.knn_backward, m, slots, before, [dq, dr, r_slots], device, None, scatter=True)
+    _add_copies(r_slots, dr)
 
 
 def _knn_aggregate_backward(k, query, ref, features, sigma, out, dist, idx, grad, dq, dr, df, needs):
-    m = query.shape[0]
+    m, device = query.shape[0], query.device
     if not any(needs):
         return
-    s = _core.slots(query.device, m)
-    r_slots = _slot_view(dr, s if needs[1] else 1)
-    f_slots = _slot_view(df, s if needs[2] else 1)
-    before = [query, ref, features, dist, idx, sigma, out, grad, int(needs[0]), int(needs[1]), int(needs[2])]
-    _launch(k.knn_aggregate_backward, m, before, [dq, r_slots, f_slots], query.device, scatter=True)
-    _fold(r_slots, dr)
-    _fold(f_slots, df)
+    slots = _core.slots(device, m)
+    r_slots, f_slots = _thread_copies(dr, slots, needs[1]), _thread_copies(df, slots, needs[2])
+    before = [query, ref, features, dist, idx, sigma, out, grad, *(int(x) for x in needs)]
+    after = [dq, dr, df, r_slots, f_slots]
+    _core.launch_queries(k.knn_aggregate_backward, m, slots, before, after, device, None, scatter=True)
+    _add_copies(r_slots, dr)
+    _add_copies(f_slots, df)
 
 
 def listed_neighbours(m: int) -> int:
