@@ -597,137 +597,64 @@ def kernels(scalar: Any) -> Any:
         i = wp.tid()
         counts[i] = int(stats[i, 2])
 
-    @kernel
-    def radius_backward_query(
-        query: wp.array(dtype=V),
-        features: wp.array2d(dtype=T),
-        order: wp.array(dtype=wp.int32),
-        sorted_points: wp.array(dtype=V),
-        lo: wp.array(dtype=V),
-        hi: wp.array(dtype=V),
-        min_index: wp.array(dtype=wp.int32),
-        radius: T,
-        sigma: T,
-        out: wp.array2d(dtype=T),
-        stats: wp.array2d(dtype=T),
-        grad: wp.array2d(dtype=T),
-        need_query: int,
-        need_ref: int,
-        offsets: wp.array(dtype=wp.int32),
-        stride: int,
-        offset: int,
-        g_out: wp.array(dtype=T),
-        d_query: wp.array(dtype=V),
-        pair_query: wp.array(dtype=wp.int32),
-        pair_ref: wp.array(dtype=wp.int32),
-        pair_p: wp.array(dtype=T),
-        pair_c: wp.array(dtype=T),
-    ):
-        # The queries' gradient, and g.out for the reference side. With non-empty pair arrays
-        # (the CPU path) it also records each pair at offsets[i] onwards.
-        i = wp.tid() * stride + offset
-        nf = features.shape[1]
-        go = row_dot(grad, i, out, i, nf)
-        g_out[i] = go
-        total = stats[i, 0]
-        dq = V(T(0.0))
-        record = pair_query.shape[0] > 0
-        k = int(0)
-        if record:
-            k = offsets[i]
-        n = sorted_points.shape[0]
-        leaves = lo.shape[0] // 2
-        depth = levels(leaves)
-        stack = Stack()
-        sp = int(0)
-        reach = sq_bound(radius)
-        if total > T(0.0) and (need_query != 0 or record):
-            stack[0] = 1
-            sp = 1
-        q = query[i]
-        nearest = stats[i, 1]
-        inv = T(1.0) / wp.max(total, T(1e-30))
-        while sp > 0:
-            sp -= 1
-            node = stack[sp]
-            if node < leaves:
-                child = 2 * node
-                if near_box(q, lo[child + 1], hi[child + 1], reach, radius):
-                    stack[sp] = child + 1
-                    sp += 1
-                if near_box(q, lo[child], hi[child], reach, radius):
-                    stack[sp] = child
-                    sp += 1
-            else:
-                for s in range(leaf_start(node - leaves, n, depth), leaf_start(node - leaves + 1, n, depth)):
-                    diff = q - sorted_points[s]
-                    if wp.dot(diff, diff) > reach:
-                        continue
-                    d = norm(diff)
-                    if d <= radius:
-                        j = order[s]
-                        p = wp.exp((nearest - d) / sigma) * inv
-                        c = T(0.0)
-                        if (need_query != 0 or need_ref != 0) and d > T(0.0):
-                            g_f = row_dot(grad, i, features, j, nf)
-                            c = p * (go - g_f) / (sigma * d)  # dL/dq_i += c diff, dL/dr_j -= c diff
-                            dq += diff * c
-                        if record:
-                            pair_query[k] = i
-                            pair_ref[k] = j
-                            pair_p[k] = p
-                            pair_c[k] = c
-                            k += 1
-        if need_query != 0:
-            d_query[i] = dq
-
-    # On the CPU, where the gradients' copies fit (see _run), the backward is one pass: each
-    # thread adds its queries' terms into its own copy of the reference-side gradients (slot
-    # 0 is the gradient itself, slot t > 0 is ``*_slots[t - 1]``), summed in slot order after.
-    # Threads own fixed queries (scatter launch: ``offset`` is the slot), so it is deterministic.
-
     @func
-    def pair_backward(
+    def backward_pair(
         i: int,
         s: int,
+        k: int,
         diff: V,
         d: T,
-        p: T,
+        nearest: T,
+        inv: T,
         go: T,
         sigma: T,
         order: wp.array(dtype=wp.int32),
         features: wp.array2d(dtype=T),
         grad: wp.array2d(dtype=T),
-        need_features: int,
         geometry: int,
         need_ref: int,
+        need_features: int,
+        scatter: int,
         slot: int,
+        pair_query: wp.array(dtype=wp.int32),
+        pair_ref: wp.array(dtype=wp.int32),
+        pair_p: wp.array(dtype=T),
+        pair_c: wp.array(dtype=T),
         d_ref: wp.array(dtype=V),
         d_features: wp.array2d(dtype=T),
         ref_slots: wp.array2d(dtype=V),
         feature_slots: wp.array3d(dtype=T),
-    ) -> V:
-        # One pair's terms: added into the reference side's slot, dL/dq_i's returned.
+    ) -> T:
+        # One pair (query i, the point at tree place s): returns c with dL/dq_i += c diff and
+        # dL/dr_j -= c diff. With `scatter`, adds the reference side's terms into thread
+        # `slot`'s copy (slot 0: the gradients themselves); with pair arrays, records the pair
+        # at place k.
         j = order[s]
         nf = features.shape[1]
-        if need_features != 0:
-            if slot == 0:
-                row_axpy(d_features, j, p, grad, i, nf)
-            else:
-                row_axpy(feature_slots[slot - 1], j, p, grad, i, nf)
-        v = V(T(0.0))
+        p = wp.exp((nearest - d) / sigma) * inv
+        c = T(0.0)
         if geometry != 0 and d > T(0.0):
-            g_f = row_dot(grad, i, features, j, nf)
-            v = diff * (p * (go - g_f) / (sigma * d))  # dL/dq_i += v, dL/dr_j -= v
+            c = p * (go - row_dot(grad, i, features, j, nf)) / (sigma * d)
+        if scatter != 0:
+            if need_features != 0:
+                if slot == 0:
+                    row_axpy(d_features, j, p, grad, i, nf)
+                else:
+                    row_axpy(feature_slots[slot - 1], j, p, grad, i, nf)
             if need_ref != 0:
                 if slot == 0:
-                    d_ref[j] = d_ref[j] - v
+                    d_ref[j] = d_ref[j] - diff * c
                 else:
-                    ref_slots[slot - 1, j] = ref_slots[slot - 1, j] - v
-        return v
+                    ref_slots[slot - 1, j] = ref_slots[slot - 1, j] - diff * c
+        if pair_query.shape[0] > 0:
+            pair_query[k] = i
+            pair_ref[k] = j
+            pair_p[k] = p
+            pair_c[k] = c
+        return c
 
     @kernel
-    def radius_backward_one_pass(
+    def radius_backward_query(
         query: wp.array(dtype=V),
         features: wp.array2d(dtype=T),
         order: wp.array(dtype=wp.int32),
@@ -744,26 +671,43 @@ def kernels(scalar: Any) -> Any:
         need_query: int,
         need_ref: int,
         need_features: int,
+        scatter: int,
+        offsets: wp.array(dtype=wp.int32),
         stride: int,
         offset: int,
+        g_out: wp.array(dtype=T),
         d_query: wp.array(dtype=V),
+        pair_query: wp.array(dtype=wp.int32),
+        pair_ref: wp.array(dtype=wp.int32),
+        pair_p: wp.array(dtype=T),
+        pair_c: wp.array(dtype=T),
         d_ref: wp.array(dtype=V),
         d_features: wp.array2d(dtype=T),
         ref_slots: wp.array2d(dtype=V),
         feature_slots: wp.array3d(dtype=T),
     ):
+        # The queries' gradient over each query's neighbours: the ones the forward listed, or a
+        # search of the tree for a query with more. Besides, by the arrays it is given:
+        # - `scatter` (the CPU's one pass; `offset` is the thread's slot): the reference side's
+        #   terms, added into the thread's copy of their gradients;
+        # - pair arrays (the CPU's pair list): each pair, recorded at offsets[i] onwards;
+        # - `g_out` (two searches): g.out per query, for the reference pass.
         i = wp.tid() * stride + offset
-        slot = offset
         nf = features.shape[1]
         total = stats[i, 0]
         count = int(stats[i, 2])
+        go = row_dot(grad, i, out, i, nf)
+        if g_out.shape[0] > 0:
+            g_out[i] = go
+        record = pair_query.shape[0] > 0
+        k = int(0)
+        if record:
+            k = offsets[i]
+        geometry = int(need_query != 0 or need_ref != 0)
+        walk = total > T(0.0) and (need_query != 0 or record or scatter != 0)
         q = query[i]
         nearest = stats[i, 1]
         inv = T(1.0) / wp.max(total, T(1e-30))
-        geometry = int(need_query != 0 or need_ref != 0)
-        go = T(0.0)
-        if total > T(0.0):
-            go = row_dot(grad, i, out, i, nf)
         dq = V(T(0.0))
         n = sorted_points.shape[0]
         leaves = lo.shape[0] // 2
@@ -771,18 +715,19 @@ def kernels(scalar: Any) -> Any:
         stack = Stack()
         sp = int(0)
         reach = sq_bound(radius)
-        if count <= neighbours.shape[1]:
+        if walk and count <= neighbours.shape[1]:
             # every neighbour listed by the forward: the same pairs, in the same order
             for c in range(count):
                 s = neighbours[i, c]
                 diff = q - sorted_points[s]
-                d = norm(diff)
-                p = wp.exp((nearest - d) / sigma) * inv
-                dq += pair_backward(
-                    i, s, diff, d, p, go, sigma, order, features, grad, need_features, geometry, need_ref,
-                    slot, d_ref, d_features, ref_slots, feature_slots,
+                cd = backward_pair(
+                    i, s, k, diff, norm(diff), nearest, inv, go, sigma, order, features, grad, geometry,
+                    need_ref, need_features, scatter, offset, pair_query, pair_ref, pair_p, pair_c,
+                    d_ref, d_features, ref_slots, feature_slots,
                 )  # fmt: skip
-        elif total > T(0.0):
+                dq += diff * cd
+                k += 1
+        elif walk:
             stack[0] = 1
             sp = 1
         while sp > 0:
@@ -803,11 +748,13 @@ def kernels(scalar: Any) -> Any:
                         continue
                     d = norm(diff)
                     if d <= radius:
-                        p = wp.exp((nearest - d) / sigma) * inv
-                        dq += pair_backward(
-                            i, s, diff, d, p, go, sigma, order, features, grad, need_features, geometry,
-                            need_ref, slot, d_ref, d_features, ref_slots, feature_slots,
+                        cd = backward_pair(
+                            i, s, k, diff, d, nearest, inv, go, sigma, order, features, grad, geometry,
+                            need_ref, need_features, scatter, offset, pair_query, pair_ref, pair_p, pair_c,
+                            d_ref, d_features, ref_slots, feature_slots,
                         )  # fmt: skip
+                        dq += diff * cd
+                        k += 1
         if need_query != 0:
             d_query[i] = dq
 
@@ -1062,7 +1009,6 @@ def kernels(scalar: Any) -> Any:
         radius_backward_ref=radius_backward_ref,
         pair_counts=pair_counts,
         pairs_by_ref=pairs_by_ref,
-        radius_backward_one_pass=radius_backward_one_pass,
         radius_backward_ref_pairs=radius_backward_ref_pairs,
         knn_search=knn_search,
         knn_backward=knn_backward,

@@ -119,30 +119,50 @@ def _radius_forward(k, query, ref, features, radius, sigma, out, stats, neighbou
 
 
 def _radius_backward(k, T, query, ref, features, radius, sigma, out, stats, neighbours, tree, grad, dq, dr, df, needs):
+    """Three ways, all through one query pass (``radius_backward_query``), which walks the
+    neighbours the forward listed and searches the tree again only for a query with more:
+
+    - CPU, while the threads' copies of the reference-side gradients fit (``one_pass_fits``):
+      that pass is the whole backward. Each thread adds into its own copy of ``dr`` and
+      ``df`` (thread 0 into them directly), summed in thread order afterwards. Against the
+      pair list it measured 6.4 -> 5.3 ms per backward (step minus forward) at the
+      benchmark's CPU size; the list took it to 3.0 ms.
+    - CPU otherwise: the pass records every pair; a pass over the references gathers over
+      them, sorted by reference.
+    - CUDA (reading the pair count would synchronise), or more pairs than PAIRS_PER_POINT:
+      a pass over the references searches a tree over the queries.
+    """
     m, n, device = query.shape[0], ref.shape[0], query.device
     if not any(needs):
         return
     slots = _core.slots(device, m)
-    if device.is_cpu and one_pass_fits(slots, n, (features.shape[1] + 3) * wp.types.type_size_in_bytes(T)):
-        one_pass = (query, features, radius, sigma, out, stats, neighbours, tree, grad, dq, dr, df, needs, slots)
-        _radius_backward_one_pass(k, *one_pass)
-        return
-    g_out = _scratch(m, T, device)
-    pairs = _pair_count(k, stats, m) if device.is_cpu and (needs[1] or needs[2]) else None
-    if pairs is not None and pairs[0] > PAIRS_PER_POINT * (m + n) + (1 << 16):
-        pairs = None  # too many to record: search from the reference side instead
+    one_pass = device.is_cpu and one_pass_fits(slots, n, (features.shape[1] + 3) * wp.types.type_size_in_bytes(T))
+    pairs = None
+    if not one_pass and device.is_cpu and (needs[1] or needs[2]):
+        pairs = _pair_count(k, stats, m)
+        if pairs[0] > PAIRS_PER_POINT * (m + n) + (1 << 16):
+            pairs = None  # too many to record: search from the reference side instead
+    searches = not one_pass and pairs is None and (needs[1] or needs[2])
     n_pairs, offsets = pairs if pairs is not None else (0, _scratch(0, wp.int32, device))
+    g_out = _scratch(m if searches else 0, T, device)
     pq, pr = _scratch(n_pairs, wp.int32, device), _scratch(n_pairs, wp.int32, device)
     pp, pc = _scratch(n_pairs, T, device), _scratch(n_pairs, T, device)
-    before = [query, features, *tree, radius, sigma, out, stats, grad, int(needs[0]), int(needs[1]), offsets]
-    _launch(k.radius_backward_query, m, before, [g_out, dq, pq, pr, pp, pc], device)
+    copies = slots if one_pass else 1
+    r_slots, f_slots = _thread_copies(dr, copies, needs[1]), _thread_copies(df, copies, needs[2])
+    before = [query, features, *tree, radius, sigma, out, stats, neighbours, grad, *(int(x) for x in needs)]
+    before += [int(one_pass), offsets]
+    after = [g_out, dq, pq, pr, pp, pc, dr, df, r_slots, f_slots]
+    # one pass: threads own fixed queries (scatter launch), so the copies' sums are deterministic
+    _core.launch_queries(k.radius_backward_query, m, slots, before, after, device, None, scatter=one_pass)
+    _add_copies(r_slots, dr)
+    _add_copies(f_slots, df)
     if pairs is not None:
         ref_starts, cursor = _scratch(n + 1, wp.int32, device), _scratch(max(n, 1), wp.int32, device)
         by_ref = _scratch(n_pairs, wp.int32, device)
         wp.launch(k.pairs_by_ref, dim=1, inputs=[pr, n, ref_starts, cursor, by_ref], device=device)
         before = [query, ref, grad, ref_starts, by_ref, pq, pp, pc, int(needs[1]), int(needs[2])]
         _launch(k.radius_backward_ref_pairs, n, before, [dr, df], device)
-    elif needs[1] or needs[2]:
+    elif searches:
         # The reference side gathers over the queries within the radius: a tree over them.
         qtree = _tree(k, query)
         before = [ref, features, *qtree, radius, sigma, stats, grad, g_out, int(needs[1]), int(needs[2])]
@@ -154,24 +174,6 @@ def one_pass_fits(slots: int, n: int, row_bytes: int) -> bool:
     reference-side gradients (``row_bytes`` per point) fit in SLOT_BYTES, or in no more than
     the gradients themselves take."""
     return (slots - 1) * n * row_bytes <= max(SLOT_BYTES, n * row_bytes)
-
-
-def _radius_backward_one_pass(
-    k, query, features, radius, sigma, out, stats, neighbours, tree, grad, dq, dr, df, needs, slots
-):
-    """The CPU backward in one pass over the queries, over the neighbours the forward listed
-    (searching again for a query with more): each thread adds into its own copy of ``dr``
-    and ``df`` (thread 0 into them directly), summed in thread order afterwards. Against the
-    pair list (a second search, a transpose, a pass over the references) it measured
-    6.4 -> 5.3 ms per backward (step minus forward) at the benchmark's CPU size; the list
-    took it to 3.0 ms."""
-    device = query.device
-    r_slots, f_slots = _thread_copies(dr, slots, needs[1]), _thread_copies(df, slots, needs[2])
-    before = [query, features, *tree, radius, sigma, out, stats, neighbours, grad, *(int(x) for x in needs)]
-    after = [dq, dr, df, r_slots, f_slots]
-    _core.launch_queries(k.radius_backward_one_pass, query.shape[0], slots, before, after, device, None, scatter=True)
-    _add_copies(r_slots, dr)
-    _add_copies(f_slots, df)
 
 
 def _knn_forward(k, query, ref, kk, dist, idx, features=None, sigma=1.0, out=None):
