@@ -324,7 +324,11 @@ def kernels(scalar: Any) -> Any:
                     keys = Sample()
                     at = SampleAt()
                     for si in range(SAMPLE):
-                        t = left + (span * si) // (SAMPLE - 1)
+                        # One place drawn (by a hash of the range) from each of SAMPLE equal
+                        # strata: evenly spaced places made a point repeated 50 times in a row
+                        # (np.repeat) build 25% slower than the same points shuffled.
+                        h = int(wp.rand_init(left, si) % wp.uint32(span + 1))
+                        t = left + part(si, span + 1, SAMPLE) + h // SAMPLE
                         v = pts[t][axis]
                         vi = order[t]
                         sj = si
