@@ -30,8 +30,10 @@ nobody's neighbour.
 
 Every per-query kernel takes ``stride`` and ``offset`` and handles queries
 ``tid * stride + offset``: on the CPU, where a Warp kernel runs on one thread, warpbridge
-launches one share per thread (ctypes launches release the GIL). Scatter targets have a leading
-*slot* dimension, one per CPU thread, summed in a fixed order afterwards, so results are
+launches one share per thread (ctypes launches release the GIL). Passes that add into
+gradients (scatter launches: thread ``t`` owns the queries ``t, t + threads, ...`` and
+``offset`` is ``t``) let thread 0 add into the gradient itself and thread ``t > 0`` into
+``*_slots[t - 1]``, zeroed copies summed in thread order afterwards, so results are
 deterministic on the CPU without atomics contending.
 """
 
@@ -518,9 +520,11 @@ def kernels(scalar: Any) -> Any:
         stats[i, 1] = nearest
         stats[i, 2] = T(count)
 
-    # The radius backward runs as two gathers, no scatter: one pass over the queries (their
-    # gradient) and one over the references (theirs and the features'), each searching the
-    # other side's tree. No atomics, so it is deterministic on any device and any chunking.
+    # The radius backward starts with one pass over the queries (radius_backward_query). On
+    # the CPU that pass also adds the reference side into per-thread copies (the whole
+    # backward), or records the pairs for a pass over the references (radius_backward_ref_pairs);
+    # on CUDA a pass over the references searches a tree over the queries
+    # (radius_backward_ref). No atomics on any path. See _run._radius_backward.
     # With out_i = sum_j p_ij f_j, p_ij = w_ij / W_i and g_i = dL/dout_i:
     #   dL/df_j    = sum_i p_ij g_i
     #   dL/dd_ij   = p_ij (g_i.out_i - g_i.f_j) / sigma      (the exponent's shift cancels)
