@@ -32,7 +32,7 @@ def dense_knn(q, r, k):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_knn_is_exact(name):
+def test_knn_is_exact(name, tree_build):
     r, q = cloud(name)
     dist, idx = wb.ops.knn(q, r, 7)
     ref_idx = dense_knn(q, r, 7)
@@ -42,7 +42,7 @@ def test_knn_is_exact(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_aggregations_and_gradients_are_exact(name):
+def test_aggregations_and_gradients_are_exact(name, tree_build):
     r, q = cloud(name, n=1500, seed=1)
     f = torch.randn(len(r), 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     d = torch.cdist(q, r)
@@ -104,3 +104,28 @@ def test_huge_and_tiny_coordinates(dtype):
         torch.testing.assert_close(d.double() / s, d0, rtol=1e-5, atol=0)
         out = wb.ops.radius_aggregate(qs, rs, f.to(dtype), 0.5 * scale, 0.3 * scale)
         torch.testing.assert_close(out.double(), out0, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gaussian", "20 tight clusters", "points along a line", "duplicated points"])
+def test_tree_is_a_median_split_by_planes(name, tree_build):
+    """The tree both builds make (the search is exact on any partition, so this checks what the
+    value tests cannot: that the build splits): the points are a permutation of the input,
+    every internal node's two children are separated by a plane along one axis, and both
+    halves have the sizes the implicit layout gives."""
+    import warp as wp
+
+    from warpbridge.ops import _core, _run
+
+    r, _ = D.make(name, 3000)
+    k = _core.kernels_for("float32", wp.get_device("cpu"))
+    order, pts, lo, hi, _ = (a.numpy() for a in _run._tree(k, wp.from_numpy(r, dtype=wp.vec3)))
+    assert sorted(order.tolist()) == list(range(len(r)))
+    assert (pts == r[order]).all()
+    leaves = len(lo) // 2
+    for node in range(1, leaves):
+        a, b = 2 * node, 2 * node + 1
+        assert (hi[a] <= lo[b]).any() or (hi[b] <= lo[a]).any(), f"node {node}: children overlap on every axis"
+    starts = [len(r) * leaf // leaves for leaf in range(leaves + 1)]
+    for leaf in range(leaves):  # each leaf's box holds exactly its own points
+        p = pts[starts[leaf] : starts[leaf + 1]]
+        assert (lo[leaves + leaf] == p.min(0)).all() and (hi[leaves + leaf] == p.max(0)).all()

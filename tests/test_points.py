@@ -62,7 +62,7 @@ def test_radius_values(dtype, radius, sigma):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k", [1, 7, 40])
-def test_knn_values_and_order(dtype, k):
+def test_knn_values_and_order(dtype, k, tree_build):
     q, r, _ = clouds(300, 500, 1, dtype, seed=1)
     dist, idx = wb.ops.knn(q, r, k)
     assert idx.dtype == torch.int64 and dist.shape == idx.shape == (300, k)
@@ -72,7 +72,7 @@ def test_knn_values_and_order(dtype, k):
     assert (dist[:, 1:] >= dist[:, :-1]).all()
 
 
-def test_knn_ties_take_the_smaller_index():
+def test_knn_ties_take_the_smaller_index(tree_build):
     # Duplicated reference points: equal distances, so the index decides.
     base = torch.randn(50, 3, dtype=torch.float64)
     r = torch.cat([base, base, base])  # j, j + 50, j + 100 coincide
@@ -88,7 +88,7 @@ def test_knn_ties_take_the_smaller_index():
     "nf, k",
     [(6, 7), (8, 7), (8, 16), (8, 20)],  # rows by value / as groups of 4; weights local up to k = 16
 )
-def test_knn_aggregate_values(dtype, nf, k):
+def test_knn_aggregate_values(dtype, nf, k, tree_build):
     q, r, f = clouds(300, 500, nf, dtype, seed=2)
     out = wb.ops.knn_aggregate(q, r, f, k, 0.1)
     torch.testing.assert_close(out, ref_ops.knn_aggregate(q, r, f, k, 0.1), **TOL[dtype])
@@ -104,7 +104,7 @@ def test_knn_aggregate_values(dtype, nf, k):
         pytest.param(lambda: torch.randn(400, 3, dtype=torch.float64) * 1e-6, id="tiny-extent"),
     ],
 )
-def test_degenerate_clouds(make):
+def test_degenerate_clouds(make, tree_build):
     r = make()
     n = r.shape[0]
     f = torch.randn(n, 3, dtype=torch.float64)
@@ -288,7 +288,14 @@ def test_tree_is_built_once_per_forward_and_reused_by_backward(monkeypatch):
     assert calls == [70]
 
 
-PATHS = ["one pass", "one pass, searching again", "one pass, two threads", "pair list", "two searches"]
+PATHS = [
+    "one pass",
+    "one pass, searching again",
+    "one pass, two threads",
+    "pair list",
+    "two searches",
+    "two searches, trees by sort",  # CUDA's whole path, run on the CPU
+]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -297,21 +304,27 @@ def test_radius_backward_paths_agree(path, monkeypatch):
     formula: the CPU's one pass (each thread adding into its own copy of the reference-side
     gradients) over the neighbours the forward listed, or searching again for a query with
     more than it lists; the pair list (CPU, when those copies would not fit); and the two
-    searches (CUDA, or more pairs than the budget)."""
+    searches (CUDA, or more pairs than the budget), with CUDA's trees too."""
     from warpbridge.ops import _run
 
     grids, passes = [], []
     real_tree, real_launch = _core.build_tree, _core.launch_queries
-    monkeypatch.setattr(_core, "build_tree", lambda *a, **k: grids.append(a[1].shape[0]) or real_tree(*a, **k))
+    by_sort = {"by_sort": True} if path.endswith("by sort") else {}
+    sorted_levels = []
+    real_sort = _core._split_by_sort
+    monkeypatch.setattr(_core, "_split_by_sort", lambda *a: sorted_levels.append(a[3]) or real_sort(*a))
+    monkeypatch.setattr(
+        _core, "build_tree", lambda *a, **k: grids.append(a[1].shape[0]) or real_tree(*a, **k, **by_sort)
+    )
     monkeypatch.setattr(
         _core, "launch_queries", lambda kernel, *a, **k: passes.append(kernel.key) or real_launch(kernel, *a, **k)
     )
     if path == "one pass, two threads":
         monkeypatch.setattr(_core, "MIN_QUERIES_PER_THREAD", 8)
         monkeypatch.setattr(_core, "get_num_threads", lambda: 2)
-    if path in ("pair list", "two searches"):
+    if path.startswith(("pair list", "two searches")):
         monkeypatch.setattr(_run, "one_pass_fits", lambda *a: False)
-    if path == "two searches":
+    if path.startswith("two searches"):
         monkeypatch.setattr(_run, "PAIRS_PER_POINT", -(10**9))
     if path == "one pass, searching again":  # every reference point within the radius of every query
         q, r, f = clouds(30, 2 * _run.LISTED, 3, seed=21)
@@ -323,10 +336,13 @@ def test_radius_backward_paths_agree(path, monkeypatch):
         q = away_from_cutoff(q, r, radius)
     ins = [t.clone().requires_grad_() for t in (q, r, f)]
     assert torch.autograd.gradcheck(lambda a, b, c: wb.ops.radius_aggregate(a, b, c, radius, 0.2), ins)
-    assert (len(q) in grids) == (path == "two searches")  # the query grid of the second search
+    assert (len(q) in grids) == path.startswith("two searches")  # the query tree of the second search
     reference_passes = {key.split("__")[-1] for key in passes if "radius_backward_ref" in key}
     expected = {"pair list": {"radius_backward_ref_pairs"}, "two searches": {"radius_backward_ref"}}
-    assert reference_passes == expected.get(path, set())  # one pass: the query pass alone
+    assert reference_passes == expected.get(path.split(",")[0], set())
+    assert bool(sorted_levels) == bool(by_sort) and all(
+        sorted_levels
+    )  # both trees, when by sort  # one pass: the query pass alone
     if path == "one pass, two threads":
         assert _core.slots(wp.get_device("cpu"), len(q)) == 2  # two copies, added after
 
@@ -449,7 +465,7 @@ def test_half_precision_is_computed_in_float32_and_returned_in_its_dtype(dtype):
     assert idx.dtype == torch.int64 and torch.equal(idx, wb.ops.knn(q.float(), r.float(), 5)[1])
 
 
-def test_non_finite_points_are_nobodys_neighbours():
+def test_non_finite_points_are_nobodys_neighbours(tree_build):
     q, r, f = clouds(40, 60, 2, seed=16)
     r_bad = r.clone()
     r_bad[5] = float("nan")
@@ -469,7 +485,7 @@ def test_non_finite_points_are_nobodys_neighbours():
     assert torch.equal(agg[3], torch.zeros(2, dtype=agg.dtype)) and torch.isfinite(agg).all()
 
 
-def test_fewer_finite_references_than_k():
+def test_fewer_finite_references_than_k(tree_build):
     r = torch.randn(5, 3, dtype=torch.float64)
     r[1:] = float("nan")
     dist, idx = wb.ops.knn(torch.zeros(2, 3, dtype=torch.float64), r, 3)

@@ -7,6 +7,7 @@ calls: the tree travels as plain arrays from the forward to the backward.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -206,31 +207,40 @@ def build_tree(
     tree: tuple[wp.array, wp.array, wp.array, wp.array, wp.array],
     device: Any,
     stream: Any,
+    by_sort: bool | None = None,
 ) -> None:
     """Build the kd-tree over ``points`` (see ``_kernels``) into ``tree`` = (order (N,) int32,
     sorted points (N,) vec3, box lo (nodes,) vec3, box hi (nodes,) vec3, min index (nodes,)
     int32), with ``nodes = tree_nodes(N)``.
 
-    The top levels are split one level per launch (the threads share a level's nodes);
-    below, one thread builds each subtree down to its leaves and back up; the top levels'
-    boxes are merged last.
+    On the CPU the top levels are split one level per launch (the threads share a level's
+    nodes); below, one thread builds each subtree down to its leaves and back up; the top
+    levels' boxes are merged last. On CUDA (``by_sort``, default: not the CPU) every level is
+    split by sorting all points at once (``_split_by_sort``), and one thread per leaf takes
+    its box.
     """
     order, sorted_points, lo, hi, min_index = tree
     n = points.shape[0]
     depth = lo.shape[0].bit_length() - 2
-    # On the CPU, enough subtrees for every thread (the top splits run one node per thread);
-    # on CUDA, enough for the device to be busy.
-    width = get_num_threads() if device.is_cpu else 4096
-    top = min(depth, max(0, (width - 1).bit_length())) if n >= 4 * MIN_QUERIES_PER_THREAD else 0
+    if by_sort is None:
+        by_sort = not device.is_cpu
+    if by_sort:
+        top = depth
+    else:
+        # enough subtrees for every thread (the top splits run one node per thread)
+        top = min(depth, max(0, (get_num_threads() - 1).bit_length())) if n >= 4 * MIN_QUERIES_PER_THREAD else 0
     # The copy takes ~2.5 ns a point: a second thread pays only past ~10^5 points (measured:
     # 10^4 0.03 ms on one thread, 0.17 on two; 10^5 0.27 and 0.31; 10^6 2.4 and 1.4).
     launch_queries(k.tree_init, n, slots(device, n // 256), [points], [sorted_points, order], device, stream)
     before = [sorted_points, order]
-    for level in range(top):
-        parts = 1 << level
-        launch_queries(
-            k.tree_split, parts, min(parts, _cpu(device)), [*before, parts], [], device, stream, scatter=True
-        )
+    if by_sort:
+        _split_by_sort(k, sorted_points, order, depth, device, stream)
+    else:
+        for level in range(top):
+            parts = 1 << level
+            launch_queries(
+                k.tree_split, parts, min(parts, _cpu(device)), [*before, parts], [], device, stream, scatter=True
+            )
     parts = 1 << top
     boxes = [lo, hi, min_index]
     launch_queries(
@@ -239,6 +249,31 @@ def build_tree(
     for level in reversed(range(top)):
         parts = 1 << level
         launch_queries(k.tree_up, parts, min(parts, _cpu(device)), [parts], boxes, device, stream, scatter=True)
+
+
+def _split_by_sort(k: Any, pts: wp.array, order: wp.array, levels: int, device: Any, stream: Any) -> None:
+    """Split ``levels`` levels of the tree, each by two stable radix sorts of all N points:
+    by the coordinate along their node's axis, then by node (see ``tree_keys``). A quickselect
+    per node would leave the top levels to a few GPU threads, each walking up to N points;
+    the sorts keep the whole device busy at every level, for O(N) scratch."""
+    n = pts.shape[0]
+    if levels == 0 or n == 0:
+        return
+    keys = wp.empty(2 * n, dtype=k.T, device=device)  # the sorts need room for 2N
+    places, nodes, by_node = (wp.empty(2 * n, dtype=wp.int32, device=device) for _ in range(3))
+    axes = wp.empty(1 << (levels - 1), dtype=wp.int32, device=device)
+    pts_out, order_out = wp.empty_like(pts), wp.empty_like(order)
+    with wp.ScopedStream(stream) if stream is not None else contextlib.nullcontext():
+        for level in range(levels):
+            parts = 1 << level
+            wp.launch(k.tree_axes, dim=parts, inputs=[pts, parts, axes], device=device)
+            wp.launch(k.tree_keys, dim=n, inputs=[pts, parts, axes, keys, places], device=device)
+            wp.utils.radix_sort_pairs(keys, places, n)
+            wp.launch(k.tree_node_keys, dim=n, inputs=[places, n, parts, nodes, by_node], device=device)
+            wp.utils.radix_sort_pairs(nodes, by_node, n, 0, level)  # nodes < 2**level
+            wp.launch(k.tree_gather, dim=n, inputs=[pts, order, by_node, pts_out, order_out], device=device)
+            wp.copy(pts, pts_out)
+            wp.copy(order, order_out)
 
 
 def _cpu(device: Any) -> int:

@@ -12,8 +12,9 @@ shape follow from the point count alone (no host synchronisation on CUDA, and th
 can allocate it up front). Node ``1`` is the root, node ``c`` has children ``2c`` and
 ``2c + 1``, and the ``2**depth`` leaves hold 8 to 16 points each. A node at level ``l``
 holds the points ``[floor(i N / 2**l), floor((i + 1) N / 2**l))`` of the permuted point
-array: every split is a median split (quickselect) along the widest axis of a sample of the
-node's points, so the tree's depth is ``log2(N / 16)`` on any data. Outliers, clusters,
+array: every split is a median split along the widest axis of a sample of the node's points
+(on the CPU a quickselect per node; on CUDA every level at once, by two stable radix sorts of
+all points, see ``tree_keys``), so the tree's depth is ``log2(N / 16)`` on any data. Outliers, clusters,
 surfaces and lines only change the boxes, never the depth or the memory. Each node keeps the
 exact bounding box of its points and the smallest original index among them.
 
@@ -290,14 +291,9 @@ def kernels(scalar: Any) -> Any:
         min_index[node] = first
 
     @func
-    def split_node(pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32), n: int, parts: int, i: int):
-        # Node i of a level with `parts` nodes: put its point of rank m along its widest axis
-        # at the children's boundary.
-        s = part(i, n, parts)
-        e = part(i + 1, n, parts)
-        m = part(2 * i + 1, n, 2 * parts)
-        # The split axis: the widest spread of (a sample of) the node's points. The exact boxes
-        # are merged bottom-up once the points are in place.
+    def split_axis(pts: wp.array(dtype=V), s: int, e: int) -> int:
+        # The widest spread of (a sample of) the points [s, e). The exact boxes are merged
+        # bottom-up once the points are in place.
         b0 = V(T(wp.inf))
         b1 = V(T(-wp.inf))
         step = wp.max(1, (e - s) // SAMPLE)
@@ -310,6 +306,16 @@ def kernels(scalar: Any) -> Any:
             axis = 1
         if ext[2] > ext[axis]:
             axis = 2
+        return axis
+
+    @func
+    def split_node(pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32), n: int, parts: int, i: int):
+        # Node i of a level with `parts` nodes: put its point of rank m along its widest axis
+        # at the children's boundary.
+        s = part(i, n, parts)
+        e = part(i + 1, n, parts)
+        m = part(2 * i + 1, n, 2 * parts)
+        axis = split_axis(pts, s, e)
         if m < e:
             # Quickselect of position m along the axis, keys compared as (coordinate, original
             # index): all distinct, so duplicated points cannot unbalance a step. Lomuto's
@@ -403,6 +409,60 @@ def kernels(scalar: Any) -> Any:
     @kernel
     def tree_split(pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32), parts: int, stride: int, offset: int):
         split_node(pts, order, pts.shape[0], parts, wp.tid() * stride + offset)
+
+    # A level split by sorting, for CUDA (a quickselect per node leaves the top levels to a
+    # few GPU threads): every point's key is its coordinate along its node's split axis; a
+    # stable sort by key, then a stable sort by node, puts each node's points in order within
+    # its own range, so the median sits at the children's boundary. Ties split in any order:
+    # the search needs exact boxes (merged bottom-up), not a particular tie order.
+
+    @func
+    def node_of(p: int, n: int, parts: int) -> int:
+        # The node i of a level with `parts` nodes whose points [part(i), part(i + 1)) hold
+        # position p: i = ceil((p + 1) parts / n) - 1.
+        return int((wp.int64(p + 1) * wp.int64(parts) + wp.int64(n - 1)) // wp.int64(n)) - 1
+
+    @kernel
+    def tree_axes(pts: wp.array(dtype=V), parts: int, axes: wp.array(dtype=wp.int32)):
+        i = wp.tid()
+        n = pts.shape[0]
+        axes[i] = split_axis(pts, part(i, n, parts), part(i + 1, n, parts))
+
+    @kernel
+    def tree_keys(
+        pts: wp.array(dtype=V),
+        parts: int,
+        axes: wp.array(dtype=wp.int32),
+        keys: wp.array(dtype=T),
+        places: wp.array(dtype=wp.int32),
+    ):
+        p = wp.tid()
+        keys[p] = pts[p][axes[node_of(p, pts.shape[0], parts)]]
+        places[p] = p
+
+    @kernel
+    def tree_node_keys(
+        places: wp.array(dtype=wp.int32),
+        n: int,
+        parts: int,
+        nodes: wp.array(dtype=wp.int32),
+        out: wp.array(dtype=wp.int32),
+    ):
+        j = wp.tid()
+        nodes[j] = node_of(places[j], n, parts)
+        out[j] = places[j]
+
+    @kernel
+    def tree_gather(
+        pts: wp.array(dtype=V),
+        order: wp.array(dtype=wp.int32),
+        places: wp.array(dtype=wp.int32),
+        pts_out: wp.array(dtype=V),
+        order_out: wp.array(dtype=wp.int32),
+    ):
+        j = wp.tid()
+        pts_out[j] = pts[places[j]]
+        order_out[j] = order[places[j]]
 
     @kernel
     def tree_subtrees(
@@ -1010,6 +1070,10 @@ def kernels(scalar: Any) -> Any:
         V=V,
         tree_init=tree_init,
         tree_split=tree_split,
+        tree_axes=tree_axes,
+        tree_keys=tree_keys,
+        tree_node_keys=tree_node_keys,
+        tree_gather=tree_gather,
         tree_subtrees=tree_subtrees,
         tree_up=tree_up,
         radius_forward=radius_forward,

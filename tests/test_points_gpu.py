@@ -1,0 +1,106 @@
+"""The neighbour ops on CUDA, whenever a GPU is available: the same neighbours, values and
+gradients as the dense float64 references and as the CPU, on every distribution of
+``benchmarks/distributions.py``, with the tree built on the device by sorting
+(``_core._split_by_sort``). Marked `gpu`: skipped with a reason on machines without one; the
+CPU runs the same sort build in ``test_distributions.py`` and ``test_points.py``."""
+
+import importlib.util
+import os
+
+import points_reference as ref_ops
+import pytest
+import torch
+
+import warpbridge as wb
+from warpbridge.ops import _core
+
+pytestmark = pytest.mark.gpu
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+_spec = importlib.util.spec_from_file_location("distributions", os.path.join(ROOT, "benchmarks", "distributions.py"))
+D = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(D)
+
+
+def clouds(m, n, nf, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.rand(m, 3, generator=g, dtype=dtype) * 2 - 1
+    r = torch.randn(n, 3, generator=g, dtype=dtype)
+    f = torch.randn(n, nf, generator=g, dtype=dtype)
+    return q, r, f
+
+
+def test_the_tree_is_built_on_the_device_by_sort(monkeypatch):
+    levels = []
+    real = _core._split_by_sort
+    monkeypatch.setattr(_core, "_split_by_sort", lambda *a: levels.append((a[3], a[4].alias)) or real(*a))
+    q, r, _ = clouds(100, 5000, 1, torch.float32)
+    wb.ops.knn(q.cuda(), r.cuda(), 7)
+    assert levels and levels[0][0] > 0 and levels[0][1].startswith("cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_values_match_the_cpu(dtype):
+    q, r, f = clouds(2000, 5000, 8, dtype, seed=1)
+    for op in (
+        lambda a, b, c: wb.ops.knn(a, b, 7),
+        lambda a, b, c: (wb.ops.radius_aggregate(a, b, c, 0.2, 0.1),),
+        lambda a, b, c: (wb.ops.knn_aggregate(a, b, c, 7, 0.1),),
+    ):
+        cpu = op(q, r, f)
+        gpu = op(q.cuda(), r.cuda(), f.cuda())
+        for a, b in zip(cpu, gpu):
+            assert b.is_cuda and b.dtype == a.dtype
+            if a.dtype == torch.int64:
+                # float32 distances may differ in the last bit (contracted multiply-adds), which
+                # can swap near-tied neighbours: there, the chosen points must be as near
+                d_cpu, d_gpu = ((q[:, None] - r[i]).norm(dim=-1) for i in (a, b.cpu()))
+                assert torch.equal(a, b.cpu()) if dtype == torch.float64 else torch.allclose(d_gpu, d_cpu)
+            else:
+                torch.testing.assert_close(b.cpu(), a)
+
+
+def test_gradients_against_the_dense_reference():
+    q, r, f = (t.cuda() for t in clouds(60, 200, 3, torch.float64, seed=2))
+    d = torch.cdist(q, r)
+    q = q[((d - 0.5).abs() > 0.02).all(1)].contiguous()  # off the radius' jump
+    ins = [t.clone().requires_grad_() for t in (q, r, f)]
+    assert torch.autograd.gradcheck(lambda a, b, c: wb.ops.radius_aggregate(a, b, c, 0.5, 0.2), ins)
+    for op, dense in (
+        (
+            lambda a, b, c: wb.ops.radius_aggregate(a, b, c, 0.5, 0.2),
+            lambda a, b, c: ref_ops.radius_aggregate(a, b, c, 0.5, 0.2),
+        ),
+        (lambda a, b, c: wb.ops.knn_aggregate(a, b, c, 5, 0.2), lambda a, b, c: ref_ops.knn_aggregate(a, b, c, 5, 0.2)),
+        (lambda a, b, c: wb.ops.knn(a, b, 5)[0], lambda a, b, c: ref_ops.knn(a, b, 5)[0]),
+    ):
+        ours = [t.clone().requires_grad_() for t in (q, r, f)]
+        theirs = [t.clone().requires_grad_() for t in (q, r, f)]
+        out, want = op(*ours), dense(*theirs)
+        torch.testing.assert_close(out, want)
+        g = torch.randn_like(want)
+        got = torch.autograd.grad(out, ours, g, allow_unused=True)
+        exp = torch.autograd.grad(want, theirs, g, allow_unused=True)
+        for a, b in zip(got, exp):
+            if b is not None:
+                torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("name", list(D.DISTRIBUTIONS))
+def test_every_distribution_is_exact(name):
+    r, q = (torch.from_numpy(a).double().cuda() for a in D.make(name, 3000))
+    dist, idx = wb.ops.knn(q, r, 7)
+    want = torch.sort(torch.cdist(q, r), dim=1, stable=True).indices[:, :7]  # ties: the smaller index
+    assert torch.equal(idx, want)
+    torch.testing.assert_close(dist, (q[:, None] - r[want]).norm(dim=-1), rtol=1e-12, atol=1e-12)
+
+
+def test_tutorial_size_matches_ckdtree():
+    from scipy.spatial import cKDTree
+
+    x = torch.linspace(-1, 1, 30)
+    q = torch.stack(torch.meshgrid(x, x, x, indexing="ij"), -1).reshape(-1, 3)
+    r = torch.randn(100_000, 3, generator=torch.Generator().manual_seed(3))
+    dist, idx = wb.ops.knn(q.cuda(), r.cuda(), 7)
+    want, _ = cKDTree(r.numpy()).query(q.numpy(), 7)
+    torch.testing.assert_close(dist.cpu(), torch.from_numpy(want).float(), rtol=1e-5, atol=1e-6)
