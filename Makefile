@@ -29,13 +29,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m warpbridge bench
 
-# On a machine with a CUDA GPU: the gpu-marked tests, then the GPU benchmarks at the tutorial's
-# sizes; each writes its JSON (with the device name) to benchmarks/results/.
-gpu-check: $(STAMP)
-	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device')"
-	$(PY) -m pytest -q -m gpu tests
-	$(PY) benchmarks/neighbors.py --device cuda
-	$(PY) benchmarks/memory_pool.py --device cuda
+# On a machine with a CUDA GPU, whose python3 has CUDA PyTorch, warp-lang, SciPy and pytest
+# (not .venv: the constraints pin PyTorch's CPU build): the gpu-marked tests, then the GPU
+# benchmarks at the tutorial's sizes, each writing its JSON (with the device name).
+gpu-check:
+	bash .ci/gpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
