@@ -14,9 +14,10 @@ can allocate it up front). Node ``1`` is the root, node ``c`` has children ``2c`
 holds the points ``[floor(i N / 2**l), floor((i + 1) N / 2**l))`` of the permuted point
 array: every split is a median split along the widest axis of a sample of the node's points
 (on the CPU a quickselect per node; on CUDA every level at once, by two stable radix sorts of
-all points, see ``tree_keys``), so the tree's depth is ``log2(N / 16)`` on any data. Outliers, clusters,
-surfaces and lines only change the boxes, never the depth or the memory. Each node keeps the
-exact bounding box of its points and the smallest original index among them.
+all points, see ``tree_keys``), so the tree's depth is ``log2(N / 16)`` on any data.
+Outliers, clusters, surfaces and lines only change the boxes, never the depth or the memory.
+Each node keeps the exact bounding box of its points and the smallest original index among
+them.
 
 Searches are depth-first with an explicit stack. A node is skipped only when no point in it
 can matter: its squared distance is certainly beyond the bound (a relative margin covers the
