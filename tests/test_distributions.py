@@ -106,8 +106,9 @@ def test_huge_and_tiny_coordinates(dtype):
         torch.testing.assert_close(out.double(), out0, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("by_sort", [False, True], ids=["quickselect", "sort"])
 @pytest.mark.parametrize("name", ["gaussian", "20 tight clusters", "points along a line", "duplicated points"])
-def test_tree_is_a_median_split_by_planes(name, tree_build):
+def test_tree_is_a_median_split_by_planes(name, by_sort):
     """The tree both builds make (the search is exact on any partition, so this checks what the
     value tests cannot: that the build splits): the points are a permutation of the input,
     every internal node's two children are separated by a plane along one axis, and both
@@ -118,7 +119,11 @@ def test_tree_is_a_median_split_by_planes(name, tree_build):
 
     r, _ = D.make(name, 3000)
     k = _core.kernels_for("float32", wp.get_device("cpu"))
-    order, pts, lo, hi, _ = (a.numpy() for a in _run._tree(k, wp.from_numpy(r, dtype=wp.vec3)))
+    tree = tuple(
+        wp.empty(_run.tree_dims(len(r))[a], dtype=t) for a, t in zip(_run.TREE, (wp.int32, k.V, k.V, k.V, wp.int32))
+    )
+    _core.build_tree(k, wp.from_numpy(r, dtype=wp.vec3), tree, wp.get_device("cpu"), None, by_sort=by_sort)
+    order, pts, lo, hi, _ = (a.numpy() for a in tree)
     assert sorted(order.tolist()) == list(range(len(r)))
     assert (pts == r[order]).all()
     leaves = len(lo) // 2
@@ -129,3 +134,82 @@ def test_tree_is_a_median_split_by_planes(name, tree_build):
     for leaf in range(leaves):  # each leaf's box holds exactly its own points
         p = pts[starts[leaf] : starts[leaf + 1]]
         assert (lo[leaves + leaf] == p.min(0)).all() and (hi[leaves + leaf] == p.max(0)).all()
+
+
+def _morton_keys(q, r, bits):
+    """Morton codes as ``query_keys`` defines them, computed here with NumPy in float32: the
+    cell of each coordinate among 2**bits across the box of the finite reference points
+    (the tree's root box), clamped; a query that is not finite gets the largest code."""
+    import numpy as np
+
+    finite_r = np.isfinite(r).all(1)
+    lo, hi = r[finite_r].min(0), r[finite_r].max(0)
+    cells = np.zeros(q.shape, dtype=np.int64)
+    for a in range(3):
+        ext = np.float32(hi[a] - lo[a])
+        if 0 < ext < np.inf:
+            with np.errstate(invalid="ignore", over="ignore"):
+                x = (q[:, a] - lo[a]) / ext * np.float32(1 << bits)
+            cells[:, a] = np.clip(np.nan_to_num(x, nan=0.0), 0, (1 << bits) - 1).astype(np.int64)
+    key = np.zeros(len(q), dtype=np.int64)
+    for b in range(bits):
+        for a in range(3):
+            key |= ((cells[:, a] >> b) & 1) << (3 * b + a)
+    key[~np.isfinite(q).all(1)] = (1 << (3 * bits)) - 1
+    return key
+
+
+@pytest.mark.parametrize("name", ["uniform", "lidar rings + 20 far", "one far outlier", "duplicated points"])
+def test_queries_go_in_morton_order(name, monkeypatch):
+    """The order the searches take the queries in, which the value tests cannot see (any order
+    gives the same results): every query exactly once, by Morton code over the reference
+    tree's root box, equal codes in the given order, queries that are not finite last; below
+    QUERY_ORDER_MIN queries, -1 everywhere (the given order)."""
+    import numpy as np
+    import warp as wp
+
+    from warpbridge.ops import _core, _kernels, _run
+
+    r, q = D.make(name, 3000)
+    q[::97] = np.nan
+    q[5::97] = (np.inf, 0.0, 0.0)
+    k = _core.kernels_for("float32", wp.get_device("cpu"))
+    cpu = wp.get_device("cpu")
+    tree = _run._tree(k, wp.from_numpy(r, dtype=wp.vec3))
+    queries = wp.empty(len(q), dtype=wp.int32)
+    monkeypatch.setattr(_core, "QUERY_ORDER_MIN", len(q))
+    _core.query_order(k, wp.from_numpy(q, dtype=wp.vec3), tree[2], tree[3], queries, cpu, None)
+    perm = queries.numpy()
+    assert sorted(perm.tolist()) == list(range(len(q)))
+    key = _morton_keys(q, r, _kernels.MORTON_BITS)[perm]
+    assert (np.diff(key) >= 0).all(), "codes out of order"
+    assert ((np.diff(key) > 0) | (np.diff(perm) > 0)).all(), "equal codes out of their given order"
+    assert not np.isfinite(q[perm[-len(q[::97]) * 2 :]]).all(1).any(), "a query that is not finite is not last"
+    if name == "uniform":
+        assert len(np.unique(key)) > len(q) // 4, "too few cells: no order to speak of"
+    monkeypatch.setattr(_core, "QUERY_ORDER_MIN", len(q) + 1)
+    _core.query_order(k, wp.from_numpy(q, dtype=wp.vec3), tree[2], tree[3], queries, cpu, None)
+    assert (queries.numpy() == -1).all()
+
+
+def test_the_query_order_changes_no_result(monkeypatch):
+    """The same neighbours, distances and outputs bit for bit in Morton order as in the given
+    order, and the same gradients up to the order of the sums."""
+    from warpbridge.ops import _core
+
+    r, q = cloud("gaussian", 5000)
+    f = torch.randn(len(r), 5, dtype=torch.float64)
+    results = []
+    for minimum in (len(q) + 1, len(q)):  # the given order, then Morton order
+        monkeypatch.setattr(_core, "QUERY_ORDER_MIN", minimum)
+        qg, rg, fg = (x.clone().requires_grad_() for x in (q, r, f))
+        d, i = wb.ops.knn(qg, rg, 6)
+        out = wb.ops.radius_aggregate(qg, rg, fg, 0.3, 0.2)
+        agg = wb.ops.knn_aggregate(qg, rg, fg, 6, 0.2)
+        (d.sum() + (out * out).sum() + (agg * agg).sum()).backward()
+        results.append(([d, i, out, agg], [qg.grad, rg.grad, fg.grad]))
+    (given, given_grads), (morton, morton_grads) = results
+    for a, b in zip(given, morton):
+        assert torch.equal(a, b)
+    for a, b in zip(given_grads, morton_grads):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

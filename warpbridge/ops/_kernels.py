@@ -49,6 +49,11 @@ import warp as wp
 LEAF_SIZE = 16  # the most points per leaf
 STACK = 32  # the search stack: deeper than any tree of int32-indexed points (depth <= 28)
 SAMPLE = 15  # keys sampled to choose a quickselect pivot (odd)
+# Queries are searched in Morton order of 2**MORTON_BITS cells per axis (see query_keys):
+# 5 bits measured as fast as 8 or 10 at 10^5-10^6 points, with a 2-pass sort instead of 3-4.
+MORTON_BITS = 5
+MORTON_CELLS = 1 << MORTON_BITS
+MORTON_LAST = (1 << (3 * MORTON_BITS)) - 1  # the largest code, for queries that are not finite
 KNN_LOCAL = 16  # the largest k whose weights the aggregation keeps in a local vector
 
 
@@ -502,6 +507,60 @@ def kernels(scalar: Any) -> Any:
             hi[0] = V(T(0.0))
             min_index[0] = 0
 
+    # The queries in Morton order: each search then walks the nodes, points and feature rows
+    # the previous one walked, still in cache. Queries in a random order measured 1.1-1.3x
+    # faster for kNN and 1.3-1.7x for the radius op at 10^6 points. The cells split the
+    # reference tree's root box MORTON_CELLS ways per axis (a query outside it takes the
+    # nearest cell); the box comes from the device, so CUDA needs no synchronisation.
+
+    @func
+    def spread_bits(x: int) -> int:
+        # The low 10 bits of x, each followed by two zero bits: one axis of a Morton code.
+        y = (x | (x << 16)) & 0x030000FF
+        y = (y | (y << 8)) & 0x0300F00F
+        y = (y | (y << 4)) & 0x030C30C3
+        return (y | (y << 2)) & 0x09249249
+
+    @func
+    def cell(x: T, lo: T, hi: T) -> int:
+        # x's cell of MORTON_CELLS across [lo, hi], clamped; 0 for an empty, flat or infinite box.
+        ext = hi - lo
+        c = int(0)
+        if ext > T(0.0) and ext < T(wp.inf):
+            c = int(wp.clamp((x - lo) / ext * T(float(MORTON_CELLS)), T(0.0), T(float(MORTON_CELLS - 1))))
+        return c
+
+    @kernel
+    def query_keys(
+        query: wp.array(dtype=V),
+        lo: wp.array(dtype=V),
+        hi: wp.array(dtype=V),
+        stride: int,
+        offset: int,
+        keys: wp.array(dtype=wp.int32),
+        places: wp.array(dtype=wp.int32),
+    ):
+        i = wp.tid() * stride + offset
+        q = query[i]
+        key = int(MORTON_LAST)  # a query that is not finite goes last
+        if finite(q):
+            a = lo[1]
+            b = hi[1]
+            x = spread_bits(cell(q[0], a[0], b[0]))
+            y = spread_bits(cell(q[1], a[1], b[1]))
+            z = spread_bits(cell(q[2], a[2], b[2]))
+            key = x | (y << 1) | (z << 2)
+        keys[i] = key
+        places[i] = i
+
+    @func
+    def query_at(t: int, queries: wp.array(dtype=wp.int32)) -> int:
+        # The t-th query to take: queries[t], or query t itself where that is -1.
+        i = queries[t]
+        if i < 0:
+            i = t
+        return i
+
     @kernel
     def radius_forward(
         query: wp.array(dtype=V),
@@ -513,6 +572,7 @@ def kernels(scalar: Any) -> Any:
         min_index: wp.array(dtype=wp.int32),
         radius: T,
         sigma: T,
+        queries: wp.array(dtype=wp.int32),
         stride: int,
         offset: int,
         out: wp.array2d(dtype=T),
@@ -521,7 +581,7 @@ def kernels(scalar: Any) -> Any:
     ):
         # `neighbours` keeps the first neighbours' places in the tree (as many as fit) for the
         # CPU backward, which then needs no search for the queries that have no more.
-        i = wp.tid() * stride + offset
+        i = query_at(wp.tid() * stride + offset, queries)
         q = query[i]
         nf = features.shape[1]
         listed = neighbours.shape[1]
@@ -742,6 +802,7 @@ def kernels(scalar: Any) -> Any:
         need_features: int,
         scatter: int,
         offsets: wp.array(dtype=wp.int32),
+        queries: wp.array(dtype=wp.int32),
         stride: int,
         offset: int,
         g_out: wp.array(dtype=T),
@@ -761,7 +822,7 @@ def kernels(scalar: Any) -> Any:
         #   terms, added into the thread's copy of their gradients;
         # - pair arrays (the CPU's pair list): each pair, recorded at offsets[i] onwards;
         # - `g_out` (two searches): g.out per query, for the reference pass.
-        i = wp.tid() * stride + offset
+        i = query_at(wp.tid() * stride + offset, queries)
         nf = features.shape[1]
         total = stats[i, 0]
         count = int(stats[i, 2])
@@ -896,6 +957,7 @@ def kernels(scalar: Any) -> Any:
         features: wp.array2d(dtype=T),
         features4: wp.array2d(dtype=V4),
         sigma: T,
+        queries: wp.array(dtype=wp.int32),
         stride: int,
         offset: int,
         dist: wp.array2d(dtype=T),
@@ -904,7 +966,7 @@ def kernels(scalar: Any) -> Any:
         out4: wp.array2d(dtype=V4),
     ):
         # With a non-empty `out`, also aggregates (knn_aggregate) while the row is hot in cache.
-        i = wp.tid() * stride + offset
+        i = query_at(wp.tid() * stride + offset, queries)
         for n in range(k):
             dist[i, n] = T(wp.inf)
             idx[i, n] = wp.int64(-1)
@@ -978,6 +1040,7 @@ def kernels(scalar: Any) -> Any:
         grad: wp.array2d(dtype=T),
         need_query: int,
         need_ref: int,
+        queries: wp.array(dtype=wp.int32),
         stride: int,
         offset: int,
         d_query: wp.array(dtype=V),
@@ -985,7 +1048,7 @@ def kernels(scalar: Any) -> Any:
         ref_slots: wp.array2d(dtype=V),
     ):
         # On the CPU thread `offset` adds into ref_slots[offset - 1] (thread 0 into d_ref).
-        i = wp.tid() * stride + offset
+        i = query_at(wp.tid() * stride + offset, queries)
         q = query[i]
         dq = V(T(0.0))
         for n in range(idx.shape[1]):
@@ -1017,6 +1080,7 @@ def kernels(scalar: Any) -> Any:
         need_query: int,
         need_ref: int,
         need_features: int,
+        queries: wp.array(dtype=wp.int32),
         stride: int,
         offset: int,
         d_query: wp.array(dtype=V),
@@ -1027,7 +1091,7 @@ def kernels(scalar: Any) -> Any:
     ):
         # Same algebra as the radius backward, with the k nearest in place of the ball. On the
         # CPU thread `offset` adds into the slots `offset - 1` (thread 0 into d_ref, d_features).
-        i = wp.tid() * stride + offset
+        i = query_at(wp.tid() * stride + offset, queries)
         nf = features.shape[1]
         nearest = dist[i, 0]
         total = T(0.0)
@@ -1077,6 +1141,7 @@ def kernels(scalar: Any) -> Any:
         tree_gather=tree_gather,
         tree_subtrees=tree_subtrees,
         tree_up=tree_up,
+        query_keys=query_keys,
         radius_forward=radius_forward,
         radius_backward_query=radius_backward_query,
         radius_backward_ref=radius_backward_ref,

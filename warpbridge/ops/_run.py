@@ -112,13 +112,16 @@ def _pair_count(k: Any, stats: wp.array, m: int) -> tuple[int, wp.array]:
 # -- the launch functions, by float type ---------------------------------------------------------
 
 
-def _radius_forward(k, query, ref, features, radius, sigma, out, stats, neighbours, tree):
+def _radius_forward(k, query, ref, features, radius, sigma, out, stats, neighbours, tree, queries):
     _tree(k, ref, tree)
-    before = [query, features, *tree, radius, sigma]
+    _core.query_order(k, query, tree[2], tree[3], queries, query.device, None)
+    before = [query, features, *tree, radius, sigma, queries]
     _launch(k.radius_forward, query.shape[0], before, [out, stats, neighbours], query.device)
 
 
-def _radius_backward(k, T, query, ref, features, radius, sigma, out, stats, neighbours, tree, grad, dq, dr, df, needs):
+def _radius_backward(
+    k, T, query, ref, features, radius, sigma, out, stats, neighbours, tree, queries, grad, dq, dr, df, needs
+):
     """Three ways, all through one query pass (``radius_backward_query``), which walks the
     neighbours the forward listed and searches the tree again only for a query with more:
 
@@ -150,7 +153,7 @@ def _radius_backward(k, T, query, ref, features, radius, sigma, out, stats, neig
     copies = slots if one_pass else 1
     r_slots, f_slots = _thread_copies(dr, copies, needs[1]), _thread_copies(df, copies, needs[2])
     before = [query, features, *tree, radius, sigma, out, stats, neighbours, grad, *(int(x) for x in needs)]
-    before += [int(one_pass), offsets]
+    before += [int(one_pass), offsets, queries]
     after = [g_out, dq, pq, pr, pp, pc, dr, df, r_slots, f_slots]
     # one pass: threads own fixed queries (scatter launch), so the copies' sums are deterministic
     _core.launch_queries(k.radius_backward_query, m, slots, before, after, device, None, scatter=one_pass)
@@ -176,33 +179,34 @@ def one_pass_fits(slots: int, n: int, row_bytes: int) -> bool:
     return (slots - 1) * n * row_bytes <= max(SLOT_BYTES, n * row_bytes)
 
 
-def _knn_forward(k, query, ref, kk, dist, idx, features=None, sigma=1.0, out=None):
+def _knn_forward(k, query, ref, kk, dist, idx, queries, features=None, sigma=1.0, out=None):
     tree = _tree(k, ref)
     device = query.device
     if features is None:
         features = out = _scratch((0, 0), k.T, device)
-    before = [query, *tree, kk, features, _groups_of_4(features), sigma]
+    _core.query_order(k, query, tree[2], tree[3], queries, device, None)
+    before = [query, *tree, kk, features, _groups_of_4(features), sigma, queries]
     _launch(k.knn_search, query.shape[0], before, [dist, idx, out, _groups_of_4(out)], device)
 
 
-def _knn_backward(k, query, ref, idx, grad, dq, dr, needs):
+def _knn_backward(k, query, ref, idx, queries, grad, dq, dr, needs):
     m, device = query.shape[0], query.device
     if not any(needs):
         return
     slots = _core.slots(device, m)
     r_slots = _thread_copies(dr, slots, needs[1])
-    before = [query, ref, idx, grad, int(needs[0]), int(needs[1])]
+    before = [query, ref, idx, grad, int(needs[0]), int(needs[1]), queries]
     _core.launch_queries(k.knn_backward, m, slots, before, [dq, dr, r_slots], device, None, scatter=True)
     _add_copies(r_slots, dr)
 
 
-def _knn_aggregate_backward(k, query, ref, features, sigma, out, dist, idx, grad, dq, dr, df, needs):
+def _knn_aggregate_backward(k, query, ref, features, sigma, out, dist, idx, queries, grad, dq, dr, df, needs):
     m, device = query.shape[0], query.device
     if not any(needs):
         return
     slots = _core.slots(device, m)
     r_slots, f_slots = _thread_copies(dr, slots, needs[1]), _thread_copies(df, slots, needs[2])
-    before = [query, ref, features, dist, idx, sigma, out, grad, *(int(x) for x in needs)]
+    before = [query, ref, features, dist, idx, sigma, out, grad, *(int(x) for x in needs), queries]
     after = [dq, dr, df, r_slots, f_slots]
     _core.launch_queries(k.knn_aggregate_backward, m, slots, before, after, device, None, scatter=True)
     _add_copies(r_slots, dr)
@@ -217,15 +221,15 @@ def listed_neighbours(m: int) -> int:
 def _radius_dims(query, ref, features, radius, sigma):
     m = query[0]
     dims = {"out": (m, features[1]), "stats": (m, STATS), "neighbours": (m, listed_neighbours(m))}
-    return {**dims, **tree_dims(ref[0])}
+    return {**dims, **tree_dims(ref[0]), "queries": (m,)}
 
 
 def _knn_dims(query, ref, k):
-    return (query[0], k)
+    return {"dist": (query[0], k), "idx": (query[0], k), "queries": (query[0],)}
 
 
 def _knn_aggregate_dims(query, ref, features, k, sigma):
-    return {"out": (query[0], features[1]), "dist": (query[0], k), "idx": (query[0], k)}
+    return {"out": (query[0], features[1]), "dist": (query[0], k), "idx": (query[0], k), "queries": (query[0],)}
 
 
 @functools.cache
@@ -242,44 +246,48 @@ def declared(dtype: str) -> types.SimpleNamespace:
     def radius_aggregate(
         query: Points, ref: Points, features: Rows, radius: T, sigma: T,
         out: Rows, stats: Rows, neighbours: Listed,
-        order: Index, sorted_points: Points, lo: Points, hi: Points, min_index: Index,
+        order: Index, sorted_points: Points, lo: Points, hi: Points, min_index: Index, queries: Index,
     ):  # fmt: skip
         tree = (order, sorted_points, lo, hi, min_index)
-        _radius_forward(kernels(query.device), query, ref, features, radius, sigma, out, stats, neighbours, tree)
+        k = kernels(query.device)
+        _radius_forward(k, query, ref, features, radius, sigma, out, stats, neighbours, tree, queries)
 
     def radius_aggregate_backward(
         query: Points, ref: Points, features: Rows, radius: T, sigma: T,
         out: Rows, stats: Rows, neighbours: Listed,
-        order: Index, sorted_points: Points, lo: Points, hi: Points, min_index: Index,
+        order: Index, sorted_points: Points, lo: Points, hi: Points, min_index: Index, queries: Index,
         adj_out: Rows, adj_query: Points, adj_ref: Points, adj_features: Rows, *, needs_input_grad,
     ):  # fmt: skip
         tree = (order, sorted_points, lo, hi, min_index)
         k = kernels(query.device)
         _radius_backward(
-            k, T, query, ref, features, radius, sigma, out, stats, neighbours, tree, adj_out,
+            k, T, query, ref, features, radius, sigma, out, stats, neighbours, tree, queries, adj_out,
             adj_query, adj_ref, adj_features, needs_input_grad,
         )  # fmt: skip
 
-    def knn(query: Points, ref: Points, k: int, dist: Rows, idx: Neighbours):
-        _knn_forward(kernels(query.device), query, ref, k, dist, idx)
+    def knn(query: Points, ref: Points, k: int, dist: Rows, idx: Neighbours, queries: Index):
+        _knn_forward(kernels(query.device), query, ref, k, dist, idx, queries)
 
     def knn_backward(
-        query: Points, ref: Points, k: int, dist: Rows, idx: Neighbours,
+        query: Points, ref: Points, k: int, dist: Rows, idx: Neighbours, queries: Index,
         adj_dist: Rows, adj_query: Points, adj_ref: Points, *, needs_input_grad,
     ):  # fmt: skip
-        _knn_backward(kernels(query.device), query, ref, idx, adj_dist, adj_query, adj_ref, needs_input_grad)
+        k_ = kernels(query.device)
+        _knn_backward(k_, query, ref, idx, queries, adj_dist, adj_query, adj_ref, needs_input_grad)
 
     def knn_aggregate(
-        query: Points, ref: Points, features: Rows, k: int, sigma: T, out: Rows, dist: Rows, idx: Neighbours
-    ):
-        _knn_forward(kernels(query.device), query, ref, k, dist, idx, features, sigma, out)
+        query: Points, ref: Points, features: Rows, k: int, sigma: T,
+        out: Rows, dist: Rows, idx: Neighbours, queries: Index,
+    ):  # fmt: skip
+        _knn_forward(kernels(query.device), query, ref, k, dist, idx, queries, features, sigma, out)
 
     def knn_aggregate_backward(
-        query: Points, ref: Points, features: Rows, k: int, sigma: T, out: Rows, dist: Rows, idx: Neighbours,
+        query: Points, ref: Points, features: Rows, k: int, sigma: T,
+        out: Rows, dist: Rows, idx: Neighbours, queries: Index,
         adj_out: Rows, adj_query: Points, adj_ref: Points, adj_features: Rows, *, needs_input_grad,
     ):  # fmt: skip
         _knn_aggregate_backward(
-            kernels(query.device), query, ref, features, sigma, out, dist, idx, adj_out,
+            kernels(query.device), query, ref, features, sigma, out, dist, idx, queries, adj_out,
             adj_query, adj_ref, adj_features, needs_input_grad,
         )  # fmt: skip
 
@@ -290,16 +298,16 @@ def declared(dtype: str) -> types.SimpleNamespace:
     return types.SimpleNamespace(
         radius_aggregate=_declare(
             radius_aggregate,
-            num_outputs=8,
-            aux=("stats", "neighbours", *TREE),
+            num_outputs=9,
+            aux=("stats", "neighbours", *TREE, "queries"),
             output_dims=_radius_dims,
             backward=radius_aggregate_backward,
         ),  # fmt: skip
-        knn=_declare(knn, num_outputs=2, output_dims=_knn_dims, backward=knn_backward),
+        knn=_declare(knn, num_outputs=3, aux=("queries",), output_dims=_knn_dims, backward=knn_backward),
         knn_aggregate=_declare(
             knn_aggregate,
-            num_outputs=3,
-            aux=("dist", "idx"),
+            num_outputs=4,
+            aux=("dist", "idx", "queries"),
             output_dims=_knn_aggregate_dims,
             backward=knn_aggregate_backward,
         ),  # fmt: skip
