@@ -255,20 +255,22 @@ def build_tree(
         launch_queries(k.tree_up, parts, min(parts, _cpu(device)), [parts], boxes, device, stream, scatter=True)
 
 
-def query_order(
-    k: Any, query: wp.array, lo: wp.array, hi: wp.array, queries: wp.array, device: Any, stream: Any
-) -> None:
+def query_order(k: Any, query: wp.array, tree: tuple, queries: wp.array, device: Any, stream: Any) -> None:
     """Write into ``queries`` (M,) int32 the order in which the searches take the queries:
-    Morton order of MORTON_CELLS per axis over the reference tree's root box (``query_keys``),
-    by a stable radix sort, from QUERY_ORDER_MIN queries on; below, -1 everywhere (each
-    query in its place, see ``query_at``). Every query's result is the same in any order."""
+    Morton order of MORTON_CELLS per axis over the reference points' box trimmed of its
+    extremes (``query_box``, ``query_keys``), by a stable radix sort, from QUERY_ORDER_MIN
+    queries on; otherwise, or without reference points, -1 everywhere (each query in its
+    place, see ``query_at``). Every query's result is the same in any order."""
     m = query.shape[0]
-    if m < QUERY_ORDER_MIN:
+    _, sorted_points, lo, hi, _ = tree
+    if m < QUERY_ORDER_MIN or sorted_points.shape[0] == 0:
         queries.fill_(-1)
         return
+    box = wp.empty(2, dtype=k.V, device=device)
     keys, places = (wp.empty(2 * m, dtype=wp.int32, device=device) for _ in range(2))  # the sort needs 2M
+    launch_queries(k.query_box, 1, 1, [sorted_points, lo, hi], [box], device, stream)
     # ~10 ns a query: a second thread pays only past ~10^4 of them
-    launch_queries(k.query_keys, m, slots(device, m // 16), [query, lo, hi], [keys, places], device, stream)
+    launch_queries(k.query_keys, m, slots(device, m // 16), [query, box], [keys, places], device, stream)
     with wp.ScopedStream(stream) if stream is not None else contextlib.nullcontext():
         wp.utils.radix_sort_pairs(keys, places, m, 0, 3 * _kernels.MORTON_BITS)
         wp.copy(queries, places, count=m)

@@ -114,7 +114,7 @@ def _pair_count(k: Any, stats: wp.array, m: int) -> tuple[int, wp.array]:
 
 def _radius_forward(k, query, ref, features, radius, sigma, out, stats, neighbours, tree, queries):
     _tree(k, ref, tree)
-    _core.query_order(k, query, tree[2], tree[3], queries, query.device, None)
+    _core.query_order(k, query, tree, queries, query.device, None)
     before = [query, features, *tree, radius, sigma, queries]
     _launch(k.radius_forward, query.shape[0], before, [out, stats, neighbours], query.device)
 
@@ -184,7 +184,7 @@ def _knn_forward(k, query, ref, kk, dist, idx, queries, features=None, sigma=1.0
     device = query.device
     if features is None:
         features = out = _scratch((0, 0), k.T, device)
-    _core.query_order(k, query, tree[2], tree[3], queries, device, None)
+    _core.query_order(k, query, tree, queries, device, None)
     before = [query, *tree, kk, features, _groups_of_4(features), sigma, queries]
     _launch(k.knn_search, query.shape[0], before, [dist, idx, out, _groups_of_4(out)], device)
 
