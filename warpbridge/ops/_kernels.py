@@ -512,7 +512,7 @@ def kernels(scalar: Any) -> Any:
 
     # The queries in Morton order: each search then walks the nodes, points and feature rows
     # the previous one walked, still in cache. Queries in a random order measured 1.1-1.3x
-    # faster for kNN and 1.3-1.7x for the radius op at 10^6 points. The cells split the
+    # faster for kNN and 1.15-1.75x for the radius forward at 10^6 points. The cells split the
     # reference points' box, trimmed of its extremes (query_box), MORTON_CELLS ways per
     # axis; a query outside takes the nearest cell. The box stays on the device, so CUDA
     # needs no synchronisation.
