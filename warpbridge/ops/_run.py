@@ -57,7 +57,11 @@ def _tree(k: Any, points: wp.array, into: tuple | None = None) -> tuple:
 
 
 def _scratch(shape: Any, dtype: Any, device: Any) -> wp.array:
-    return wp.empty(shape, dtype=dtype, device=device)
+    """Uninitialised scratch; the shared empty array when it would hold nothing."""
+    dims = shape if isinstance(shape, tuple) else (shape,)
+    if 0 in dims:
+        return _nothing(dims, dtype, device)
+    return wp.empty(dims, dtype=dtype, device=device)
 
 
 def _launch(kernel: Any, m: int, before: list, after: list, device: Any, scatter: bool = False) -> None:
@@ -67,8 +71,8 @@ def _launch(kernel: Any, m: int, before: list, after: list, device: Any, scatter
 def _thread_copies(a: wp.array, slots: int, needed: bool) -> wp.array:
     """Zeroed copies of the gradient ``a`` for threads 1 .. slots - 1 of a pass that adds
     into per-thread copies (thread 0 adds into ``a`` itself); empty when not ``needed``."""
-    shape = a.shape if needed else (0,) * a.ndim
-    return wp.zeros((slots - 1, *shape), dtype=a.dtype, device=a.device)
+    shape = (slots - 1, *(a.shape if needed else (0,) * a.ndim))
+    return _nothing(shape, a.dtype, a.device) if 0 in shape else wp.zeros(shape, dtype=a.dtype, device=a.device)
 
 
 def _add_copies(copies: wp.array, into: wp.array) -> None:
@@ -91,10 +95,23 @@ def _groups_of_4(a: wp.array) -> wp.array:
     v4 = _VEC4[a.dtype]
     rows, f = a.shape
     if f == 0 or f % 4 or rows == 0 or a.strides[1] != wp.types.type_size_in_bytes(a.dtype):
-        return wp.empty((0, 0), dtype=v4, device=a.device)
+        return _nothing((0, 0), v4, a.device)
     return wp.array(
         ptr=a.ptr, dtype=v4, shape=(rows, f // 4), strides=(a.strides[0], 4 * a.strides[1]), device=a.device
     )
+
+
+_NOTHING: dict = {}
+
+
+def _nothing(shape: tuple, dtype: Any, device: Any) -> wp.array:
+    """A shared empty array (nothing to read or write, so any call may pass the same one): an
+    allocation less per placeholder (~5 us each on a small call)."""
+    key = (shape, dtype, device.alias)
+    a = _NOTHING.get(key)
+    if a is None:
+        a = _NOTHING[key] = wp.empty(shape, dtype=dtype, device=device)
+    return a
 
 
 def _pair_count(k: Any, stats: wp.array, m: int) -> tuple[int, wp.array]:
@@ -183,7 +200,7 @@ def _knn_forward(k, query, ref, kk, dist, idx, queries, features=None, sigma=1.0
     tree = _tree(k, ref)
     device = query.device
     if features is None:
-        features = out = _scratch((0, 0), k.T, device)
+        features = out = _nothing((0, 0), k.T, device)
     _core.query_order(k, query, tree, queries, device, None)
     before = [query, *tree, kk, features, _groups_of_4(features), sigma, queries]
     _launch(k.knn_search, query.shape[0], before, [dist, idx, out, _groups_of_4(out)], device)
