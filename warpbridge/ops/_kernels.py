@@ -33,10 +33,10 @@ nobody's neighbour.
 Every per-query kernel takes ``stride`` and ``offset`` and handles queries
 ``tid * stride + offset``: on the CPU, where a Warp kernel runs on one thread, warpbridge
 launches one share per thread (ctypes launches release the GIL). The searches and their
-backwards take the queries in that order through ``queries`` (``query_at``): in Morton order
-for many queries (``query_keys``), which keeps each search's nodes in cache for the next. Passes that add into
-gradients (scatter launches: thread ``t`` owns the queries ``t, t + threads, ...`` and
-``offset`` is ``t``) let thread 0 add into the gradient itself and thread ``t > 0`` into
+backwards map that place to a query through ``queries`` (``query_at``): Morton order for many
+queries (``query_keys``), which keeps each search's nodes in cache for the next. Passes that
+add into gradients (scatter launches: thread ``t`` owns the places ``t, t + threads, ...``
+and ``offset`` is ``t``) let thread 0 add into the gradient itself and thread ``t > 0`` into
 ``*_slots[t - 1]``, zeroed copies summed in thread order afterwards, so results are
 deterministic on the CPU without atomics contending.
 """

@@ -5,6 +5,8 @@ Each forward builds the kd-tree over the reference points and searches it (``_co
 ``_kernels``). The radius op keeps its tree and per-query statistics for the backward as
 auxiliary outputs (``aux=``): plain arrays the framework allocates and saves, never returned
 to the caller; the kNN ops keep only the neighbour indices, and their trees are scratch.
+Every op also keeps the order it took the queries in (``queries``, see
+``_core.query_order``), so its backward takes them in the same order.
 Output shapes come from the inputs (a callable ``output_dims``), so a call passes nothing
 but its arguments, under ``torch.compile`` too. Everything framework-specific (autograd,
 saving, ``torch.compile``, ``torch.func``, JAX, Paddle, NumPy) is ``wb.op``'s.
