@@ -294,7 +294,7 @@ PATHS = [
     "one pass, two threads",
     "pair list",
     "two searches",
-    "two searches, trees by sort",  # CUDA's whole path, run on the CPU
+    "two searches, trees by sort",  # CUDA's whole path at many queries, run on the CPU
 ]
 
 
@@ -326,6 +326,11 @@ def test_radius_backward_paths_agree(path, monkeypatch):
         monkeypatch.setattr(_run, "one_pass_fits", lambda *a: False)
     if path.startswith("two searches"):
         monkeypatch.setattr(_run, "PAIRS_PER_POINT", -(10**9))
+    ordered = []
+    if by_sort:  # and both sides in Morton order, as for many points
+        monkeypatch.setattr(_core, "QUERY_ORDER_MIN", 0)
+        real_order = _core.query_order
+        monkeypatch.setattr(_core, "query_order", lambda *a: ordered.append(a[1].shape[0]) or real_order(*a))
     if path == "one pass, searching again":  # every reference point within the radius of every query
         q, r, f = clouds(30, 2 * _run.LISTED, 3, seed=21)
         radius = 100.0
@@ -343,6 +348,8 @@ def test_radius_backward_paths_agree(path, monkeypatch):
     assert bool(sorted_levels) == bool(by_sort) and all(
         sorted_levels
     )  # both trees, when by sort  # one pass: the query pass alone
+    # Morton order: the queries in every forward, the references in every second search
+    assert set(ordered) == ({len(q), len(r)} if by_sort else set())
     if path == "one pass, two threads":
         assert _core.slots(wp.get_device("cpu"), len(q)) == 2  # two copies, added after
 

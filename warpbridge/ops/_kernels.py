@@ -709,12 +709,13 @@ def kernels(scalar: Any) -> Any:
         g_out: wp.array(dtype=T),
         need_ref: int,
         need_features: int,
+        refs: wp.array(dtype=wp.int32),
         stride: int,
         offset: int,
         d_ref: wp.array(dtype=V),
         d_features: wp.array2d(dtype=T),
     ):
-        j = wp.tid() * stride + offset
+        j = query_at(wp.tid() * stride + offset, refs)
         r = ref[j]
         nf = features.shape[1]
         dr = V(T(0.0))

@@ -186,8 +186,11 @@ def _radius_backward(
         _launch(k.radius_backward_ref_pairs, n, before, [dr, df], device)
     elif searches:
         # The reference side gathers over the queries within the radius: a tree over them.
+        # The references go in Morton order over that tree's box, as the queries do.
         qtree = _tree(k, query)
-        before = [ref, features, *qtree, radius, sigma, stats, grad, g_out, int(needs[1]), int(needs[2])]
+        refs = _scratch(n, wp.int32, device)
+        _core.query_order(k, ref, qtree, refs, device, None)
+        before = [ref, features, *qtree, radius, sigma, stats, grad, g_out, int(needs[1]), int(needs[2]), refs]
         _launch(k.radius_backward_ref, n, before, [dr, df], device)
 
 
