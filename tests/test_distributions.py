@@ -167,6 +167,22 @@ def _morton_keys(q, sorted_points, root, bits, sample):
     return key
 
 
+def assert_morton_order(q, tree, perm):
+    """``perm`` (what ``query_order`` wrote) takes every query of ``q`` once, in the order of
+    their Morton codes over ``tree``'s trimmed box, equal codes in their given order. Returns
+    the codes in that order."""
+    import numpy as np
+
+    from warpbridge.ops import _kernels
+
+    assert sorted(perm.tolist()) == list(range(len(q)))
+    root = (tree[2].numpy()[1], tree[3].numpy()[1])
+    key = _morton_keys(q, tree[1].numpy(), root, _kernels.MORTON_BITS, _kernels.MORTON_SAMPLE)[perm]
+    assert (np.diff(key) >= 0).all(), "codes out of order"
+    assert ((np.diff(key) > 0) | (np.diff(perm) > 0)).all(), "equal codes out of their given order"
+    return key
+
+
 @pytest.mark.parametrize("name", ["uniform", "lidar rings + 20 far", "one far outlier", "duplicated points"])
 def test_queries_go_in_morton_order(name, monkeypatch):
     """The order the searches take the queries in, which the value tests cannot see (any order
@@ -188,11 +204,7 @@ def test_queries_go_in_morton_order(name, monkeypatch):
     monkeypatch.setattr(_core, "QUERY_ORDER_MIN", len(q))
     _core.query_order(k, wp.from_numpy(q, dtype=wp.vec3), tree, queries, cpu, None)
     perm = queries.numpy()
-    assert sorted(perm.tolist()) == list(range(len(q)))
-    root = (tree[2].numpy()[1], tree[3].numpy()[1])
-    key = _morton_keys(q, tree[1].numpy(), root, _kernels.MORTON_BITS, _kernels.MORTON_SAMPLE)[perm]
-    assert (np.diff(key) >= 0).all(), "codes out of order"
-    assert ((np.diff(key) > 0) | (np.diff(perm) > 0)).all(), "equal codes out of their given order"
+    key = assert_morton_order(q, tree, perm)
     last = (1 << (3 * _kernels.MORTON_BITS)) - 1  # shared only with the box's far corner
     place = np.empty(len(q), dtype=np.int64)
     place[perm] = np.arange(len(q))
