@@ -119,10 +119,9 @@ def test_tree_is_a_median_split_by_planes(name, by_sort):
 
     r, _ = D.make(name, 3000)
     k = _core.kernels_for("float32", wp.get_device("cpu"))
-    tree = tuple(
-        wp.empty(_run.tree_dims(len(r))[a], dtype=t) for a, t in zip(_run.TREE, (wp.int32, k.V, k.V, k.V, wp.int32))
-    )
-    _core.build_tree(k, wp.from_numpy(r, dtype=wp.vec3), tree, wp.get_device("cpu"), None, by_sort=by_sort)
+    points = wp.from_numpy(r, dtype=wp.vec3)
+    tree = _run._tree(k, points)  # the arrays; built again, the asked way:
+    _core.build_tree(k, points, tree, wp.get_device("cpu"), None, by_sort=by_sort)
     order, pts, lo, hi, _ = (a.numpy() for a in tree)
     assert sorted(order.tolist()) == list(range(len(r)))
     assert (pts == r[order]).all()

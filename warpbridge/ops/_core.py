@@ -255,25 +255,31 @@ def build_tree(
         launch_queries(k.tree_up, parts, min(parts, _cpu(device)), [parts], boxes, device, stream, scatter=True)
 
 
-def query_order(k: Any, query: wp.array, tree: tuple, queries: wp.array, device: Any, stream: Any) -> None:
-    """Write into ``queries`` (M,) int32 the order in which the searches take the queries:
-    Morton order of MORTON_CELLS per axis over the reference points' box trimmed of its
-    extremes (``query_box``, ``query_keys``), by a stable radix sort, from QUERY_ORDER_MIN
-    queries on; otherwise, or without reference points, -1 everywhere (each query in its
-    place, see ``query_at``). Every query's result is the same in any order."""
-    m = query.shape[0]
+def query_order(k: Any, points: wp.array, tree: tuple, order: wp.array, device: Any, stream: Any) -> None:
+    """Write into ``order`` (M,) int32 the order in which a search takes ``points`` (the
+    queries; in the radius backward's second search, the references): Morton order of
+    MORTON_CELLS per axis over ``tree``'s points' box trimmed of its extremes (``query_box``,
+    ``query_keys``), by a stable radix sort, from QUERY_ORDER_MIN points on; otherwise, or
+    over an empty tree, -1 everywhere (each point in its place, see ``query_at``). Every
+    point's result is the same in any order."""
+    m = points.shape[0]
     _, sorted_points, lo, hi, _ = tree
     if m < QUERY_ORDER_MIN or sorted_points.shape[0] == 0:
-        queries.fill_(-1)
+        order.fill_(-1)
         return
     box = wp.empty(2, dtype=k.V, device=device)
     keys, places = (wp.empty(2 * m, dtype=wp.int32, device=device) for _ in range(2))  # the sort needs 2M
     launch_queries(k.query_box, 1, 1, [sorted_points, lo, hi], [box], device, stream)
-    # ~10 ns a query: a second thread pays only past ~10^4 of them
-    launch_queries(k.query_keys, m, slots(device, m // 16), [query, box], [keys, places], device, stream)
-    with wp.ScopedStream(stream) if stream is not None else contextlib.nullcontext():
+    # ~10 ns a point: a second thread pays only past ~10^4 of them
+    launch_queries(k.query_keys, m, slots(device, m // 16), [points, box], [keys, places], device, stream)
+    with _on(stream):
         wp.utils.radix_sort_pairs(keys, places, m, 0, 3 * _kernels.MORTON_BITS)
-        wp.copy(queries, places, count=m)
+        wp.copy(order, places, count=m)
+
+
+def _on(stream: Any) -> Any:
+    """Warp's launches, sorts and copies inside go on ``stream`` (None: the device's current one)."""
+    return wp.ScopedStream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def _split_by_sort(k: Any, pts: wp.array, order: wp.array, levels: int, device: Any, stream: Any) -> None:
@@ -288,7 +294,7 @@ def _split_by_sort(k: Any, pts: wp.array, order: wp.array, levels: int, device: 
     places, nodes, by_node = (wp.empty(2 * n, dtype=wp.int32, device=device) for _ in range(3))
     axes = wp.empty(1 << (levels - 1), dtype=wp.int32, device=device)
     pts_out, order_out = wp.empty_like(pts), wp.empty_like(order)
-    with wp.ScopedStream(stream) if stream is not None else contextlib.nullcontext():
+    with _on(stream):
         for level in range(levels):
             parts = 1 << level
             wp.launch(k.tree_axes, dim=parts, inputs=[pts, parts, axes], device=device)

@@ -597,7 +597,8 @@ def kernels(scalar: Any) -> Any:
 
     @func
     def query_at(t: int, queries: wp.array(dtype=wp.int32)) -> int:
-        # The t-th query to take: queries[t], or query t itself where that is -1.
+        # The t-th point (query, or reference) to take: queries[t], or point t itself where
+        # that is -1.
         i = queries[t]
         if i < 0:
             i = t
