@@ -137,3 +137,11 @@ def square_and_sign(x: wp.array(dtype=wp.float64), y: wp.array(dtype=wp.float64)
     y[i] = x[i] * x[i]
     if x[i] > wp.float64(0.0):
         s[i] = 1
+
+
+@wp.kernel(enable_backward=False)
+def visit(stride: int, offset: int, hits: wp.array(dtype=wp.int32), offsets: wp.array(dtype=wp.int32)):
+    # A launch over queries (ops._core.launch_queries): counts each query's runs, keeps its offset.
+    i = wp.tid() * stride + offset
+    hits[i] = hits[i] + 1
+    offsets[i] = offset

@@ -4,6 +4,7 @@ determinism, autograd invariants, torch.compile and bad input."""
 import math
 import os
 
+import numpy as np
 import points_reference as ref_ops
 import pytest
 import torch
@@ -320,7 +321,7 @@ def test_radius_backward_paths_agree(path, monkeypatch):
         _core, "launch_queries", lambda kernel, *a, **k: passes.append(kernel.key) or real_launch(kernel, *a, **k)
     )
     if path == "one pass, two threads":
-        monkeypatch.setattr(_core, "MIN_QUERIES_PER_THREAD", 8)
+        monkeypatch.setattr(_core, "MIN_QUERIES_PER_SLOT", 8)
         monkeypatch.setattr(_core, "get_num_threads", lambda: 2)
     if path.startswith(("pair list", "two searches")):
         monkeypatch.setattr(_run, "one_pass_fits", lambda *a: False)
@@ -393,17 +394,63 @@ def _two_thread_results(ins):
         wb.ops.set_num_threads(None)
 
 
+def _counting_team_jobs(monkeypatch) -> list:
+    """Count the launches that went to PyTorch's OpenMP team (each makes one _TeamJob)."""
+    jobs: list = []
+
+    class Counted(_core._TeamJob):
+        def __init__(self, *a):
+            jobs.append(a)
+            super().__init__(*a)
+
+    monkeypatch.setattr(_core, "_TeamJob", Counted)
+    return jobs
+
+
 def test_openmp_workers_and_own_pool_give_the_same_bits(monkeypatch):
     """With PyTorch's GNU OpenMP loaded, the op's CPU threads are PyTorch's own workers (no
-    contention with their spinning); without it, a pool of our own. Same results, bitwise."""
+    contention with their spinning), driven by a native loop; without it, a pool of our own.
+    Same results, bitwise."""
     assert _core._gomp() is not None  # the Linux CPU build of torch ships libgomp
+    jobs = _counting_team_jobs(monkeypatch)
     q, r, f = clouds(3000, 2000, 4, torch.float32, seed=15)
     ins = [t.clone().requires_grad_() for t in (q, r, f)]
     with_omp = _two_thread_results(ins)
+    assert len(jobs) >= 6  # the build, the searches and the backwards, scatters included
+    assert {job[-4] for job in jobs} >= {0} and any(job[-4] > 0 for job in jobs)  # slots and chunks
     monkeypatch.setattr(_core, "_GOMP", [None, os.getpid()])
+    jobs.clear()
     own_pool = _two_thread_results(ins)
+    assert not jobs
     for a, b in zip(with_omp, own_pool):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("openmp", [True, False], ids=["OpenMP team", "own pool"])
+@pytest.mark.parametrize("scatter", [False, True], ids=["chunks", "slots"])
+@pytest.mark.parametrize("m, n_slots", [(1, 2), (2, 5), (7, 3), (1000, 2), (1001, 5)])
+def test_a_parallel_launch_runs_every_query_once(m, n_slots, scatter, openmp, monkeypatch):
+    """launch_queries on several CPU threads: every query runs exactly once; a scatter runs
+    query i in slot i % slots (offset), whichever thread takes the slot; chunks of one query
+    up to more queries than threads."""
+    import kernels
+
+    cpu = wp.get_device("cpu")
+    _core.kernels_for("float32", cpu)  # loads the team launch too
+    jobs = _counting_team_jobs(monkeypatch)
+    monkeypatch.setattr(_core, "CHUNK_MIN", 1)
+    if not openmp:
+        monkeypatch.setattr(_core, "_GOMP", [None, os.getpid()])
+    hits, offsets = wp.zeros(m, dtype=wp.int32, device=cpu), wp.full(m, -1, dtype=wp.int32, device=cpu)
+    _core.launch_queries(kernels.visit, m, n_slots, [], [hits, offsets], cpu, None, scatter=scatter)
+    assert len(jobs) == int(openmp)
+    assert (hits.numpy() == 1).all()
+    starts = offsets.numpy()
+    if scatter:
+        assert (starts == np.arange(m) % n_slots).all()
+    else:  # contiguous chunks of about m / (threads * CHUNKS_PER_THREAD), each from its offset
+        chunk = -(-m // (n_slots * _core.CHUNKS_PER_THREAD))
+        assert (starts == np.arange(m) // chunk * chunk).all()
 
 
 def _child(conn):

@@ -25,8 +25,16 @@ _POOL_LOCK = threading.Lock()
 _POOL_PID = 0
 _num_threads: int | None = None
 _CPUS = os.cpu_count() or 1
-# Below this many queries a second thread costs more than it saves (~20 us per launch).
-MIN_QUERIES_PER_THREAD = 512
+# Below this many queries a second thread costs more than it saves: a kNN search over 10^4
+# points took 224 -> 112 us for 256 queries on two threads, and the same 89 us for 128.
+MIN_QUERIES_PER_THREAD = 128
+# A scatter launch's slots each add into a copy of the reference-side gradients, zeroed and
+# summed at O(N) each: a slot more from this many queries per slot on.
+MIN_QUERIES_PER_SLOT = 512
+# Chunks of a launch that is not a scatter: at least CHUNK_MIN queries, about
+# CHUNKS_PER_THREAD of them per thread, taken in turn.
+CHUNK_MIN = MIN_QUERIES_PER_THREAD // 4
+CHUNKS_PER_THREAD = 8
 # From this many queries on, the searches take them in Morton order (query_order). Below,
 # the keys and the sort (~15 ns a query) cost more than the order saves: on the tutorial's
 # 8,000 grid queries, already in order, the radius forward took 4.75 -> 4.9 ms.
@@ -52,11 +60,19 @@ def get_num_threads() -> int:
     return _CPUS
 
 
-def slots(device: Any, m: int) -> int:
-    """How many scatter slots (= CPU threads) a launch over ``m`` queries uses."""
+def threads(device: Any, m: int) -> int:
+    """How many CPU threads a launch over ``m`` queries that is not a scatter uses."""
     if not device.is_cpu:
         return 1
     return max(1, min(get_num_threads(), m // MIN_QUERIES_PER_THREAD))
+
+
+def slots(device: Any, m: int) -> int:
+    """How many scatter slots (each a thread, and a copy of what it adds into) a launch over
+    ``m`` queries uses."""
+    if not device.is_cpu:
+        return 1
+    return max(1, min(get_num_threads(), m // MIN_QUERIES_PER_SLOT))
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -74,17 +90,22 @@ def launch_queries(
 ) -> None:
     """Launch ``kernel`` over ``m`` queries, with ``before + [stride, offset] + after`` arguments.
 
-    On the CPU with ``n_slots`` > 1 threads: a kernel that scatters (``scatter=True``) gives
-    thread ``t`` the queries ``t, t + n_slots, ...`` and scatter slot ``t``, a fixed split, so
-    sums are deterministic; any other kernel runs contiguous chunks that the threads (the
-    caller included) take in turn, which keeps both cores busy even when one is shared (for
-    example with OpenMP threads still spinning after a PyTorch op).
+    On the CPU with ``n_slots`` > 1 threads: a kernel that scatters (``scatter=True``) runs
+    ``n_slots`` interleaved shares (slot ``t``: the queries ``t, t + n_slots, ...``, stride
+    ``n_slots``, offset ``t``), a fixed split whichever thread runs it, so sums are
+    deterministic; any other kernel runs contiguous chunks that the threads take in turn,
+    which keeps both cores busy even when one is shared.
     """
     if m == 0:
         return
     run = _launcher(kernel, before, after, m, device, stream)
     if n_slots == 1:
         run(m, 1, 0)
+        return
+    chunk = 0 if scatter else max(CHUNK_MIN, -(-m // (n_slots * CHUNKS_PER_THREAD)))
+    team = getattr(run, "team", None)
+    if team is not None and _gomp() is not None:
+        team(m, n_slots, chunk)
         return
     if scatter:
 
@@ -93,47 +114,25 @@ def launch_queries(
                 run(len(range(t, m, n_slots)), n_slots, t)
 
     else:
-        size = max(MIN_QUERIES_PER_THREAD // 4, -(-m // (n_slots * 8)))
-        chunks = iter(range(0, m, size))  # next() is atomic under the GIL
+        chunks = iter(range(0, m, chunk))  # next() is atomic under the GIL
 
         def work(thread: int, team: int) -> None:
             for start in chunks:
-                run(min(size, m - start), 1, start)
+                run(min(chunk, m - start), 1, start)
 
     parallel(work, n_slots)
 
 
 def parallel(work: Any, n: int) -> None:
-    """Run ``work(thread, team)`` on ``n`` threads, the caller included; re-raise the first error.
-
-    Where PyTorch's GNU OpenMP runtime is loaded, the threads are its own intra-op workers
-    (a ``GOMP_parallel`` region): after each parallel PyTorch op they keep spinning on the
-    cores for milliseconds, so a pool of our own would compete with them for the cores;
-    handing them the work instead measured 17.5 -> 13.2 ms per radius train step on 2 cores.
-    ``work`` must cover everything whatever the team size (a nested region gets one thread).
-    """
-    gomp = _gomp()
-    if gomp is None:
-        futures = [_pool().submit(work, t, n) for t in range(1, n)]
-        work(0, n)
-        for f in futures:
-            f.result()
-        return
-    errors: list = []
-
-    def body(_: Any) -> None:
-        try:
-            work(gomp.omp_get_thread_num(), gomp.omp_get_num_threads())
-        except BaseException as e:  # noqa: BLE001 - nothing may unwind through C; re-raised below
-            errors.append(e)
-
-    callback = _GOMP_FN(body)
-    gomp.GOMP_parallel(callback, None, n, 0)
-    if errors:
-        raise errors[0]
+    """Run ``work(thread, team)`` on ``n`` threads of warpbridge's pool, the caller included;
+    re-raise the first error. The launches that cannot go to PyTorch's OpenMP team take this
+    path (see ``_launcher``)."""
+    futures = [_pool().submit(work, t, n) for t in range(1, n)]
+    work(0, n)
+    for f in futures:
+        f.result()
 
 
-_GOMP_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _GOMP: list = []  # [library or None, pid], resolved once per process
 
 
@@ -151,14 +150,29 @@ def _gomp() -> Any:
                 torch_lib = [p for p in paths if "torch" in p]
                 if paths:
                     lib = ctypes.CDLL((torch_lib or paths)[0])
-                    lib.GOMP_parallel.argtypes = [_GOMP_FN, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
-                    lib.GOMP_parallel.restype = None
-                    lib.omp_get_thread_num.restype = ctypes.c_int
-                    lib.omp_get_num_threads.restype = ctypes.c_int
+                    lib.wb_parallel = ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value
             except (OSError, AttributeError):
                 lib = None
         _GOMP[:] = [lib, os.getpid()]
     return _GOMP[0]
+
+
+class _TeamJob(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in _kernels.TEAM_JOB[0]] + [
+        (name, ctypes.c_longlong) for name in _kernels.TEAM_JOB[1]
+    ]
+
+
+# device alias -> the team launch's (compiled entry point, argument struct type, bounds)
+_TEAM: dict = {}
+
+
+def _load_team(device: Any) -> None:
+    """Compile (first use) and record the CPU team launch (``_kernels.team``); under LOAD_LOCK."""
+    if device.alias not in _TEAM:
+        rec = _plan.record(_kernels.team(), 1, [0], device)
+        if rec.direct:
+            _TEAM[device.alias] = (rec.hooks.forward, rec.Args, rec.bounds, rec.module_exec)
 
 
 # (kernel, device, each argument's (dtype, ndim) or type) -> its first launch's record
@@ -166,7 +180,8 @@ _RECORDED: dict = {}
 
 
 def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, stream: Any):
-    """``run(count, stride, offset)``: launch ``kernel`` over ``count`` queries.
+    """``run(count, stride, offset)``: launch ``kernel`` over ``count`` queries; on the CPU also
+    ``run.team(m, slots, chunk)``: all ``m`` queries on a team of PyTorch's OpenMP threads.
 
     On the CPU the arguments are packed once per call and each launch copies that struct and
     calls the compiled entry point directly: a few microseconds instead of a ``wp.launch``
@@ -174,6 +189,15 @@ def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, strea
     a launch (``_plan.record``: Warp validates the arguments and loads the module); later
     calls pack the struct from the arrays' descriptors themselves (a tiny kNN call measured
     0.22 -> 0.15 ms).
+
+    A team launch hands the struct to ``_kernels.team``'s native loop, one ctypes call that
+    releases the GIL: PyTorch's OpenMP workers run the chunks with no Python between them.
+    With Python callbacks instead (a ctypes function per thread, each taking the GIL) a
+    region cost 25-45 us, 120 us right after a PyTorch op, against ~1 us natively, and the
+    kNN search at 10^4 points took 1.18 -> 0.96 ms. Why OpenMP's threads and not a pool of our
+    own: after each parallel PyTorch op its workers keep spinning on the cores for
+    milliseconds, so our own threads would compete with them (a radius train step measured
+    17.5 -> 13.2 ms with the work handed to them).
     """
 
     def launch(count: int, stride: int, offset: int) -> None:
@@ -192,7 +216,8 @@ def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, strea
         _RECORDED[key] = rec
     else:
         template = rec.Args(*(a.__ctype__() if isinstance(a, wp.array) else a for a in args))
-    copy, Bounds, forward = rec.Args.from_buffer_copy, type(rec.bounds), rec.hooks.forward
+    Args = rec.Args
+    copy, Bounds, forward = Args.from_buffer_copy, type(rec.bounds), rec.hooks.forward
     stride_name, offset_name = kernel.adj.args[len(before)].label, kernel.adj.args[len(before) + 1].label
 
     def run(count: int, stride: int, offset: int) -> None:
@@ -202,6 +227,21 @@ def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, strea
         forward(ctypes.byref(Bounds((count,))), ctypes.byref(args))
 
     run.module_exec = rec.module_exec  # keeps the module loaded while this launcher lives
+    team = _TEAM.get(device.alias)
+    if team is not None and ctypes.sizeof(Args) <= _kernels.TEAM_ARGS_MAX:
+        team_forward, TeamArgs, team_bounds, _ = team
+        at = (getattr(Args, stride_name).offset, getattr(Args, offset_name).offset, Bounds.size.offset)
+        entry = ctypes.cast(forward, ctypes.c_void_p).value
+
+        def run_team(m: int, slots: int, chunk: int) -> None:
+            bounds = Bounds((m,))
+            job = _TeamJob(
+                _gomp().wb_parallel, entry, ctypes.addressof(template), ctypes.addressof(bounds),
+                ctypes.sizeof(Args), ctypes.sizeof(bounds), *at, m, chunk, slots, slots, 0,
+            )  # fmt: skip
+            team_forward(ctypes.byref(team_bounds), ctypes.byref(TeamArgs(ctypes.addressof(job))))
+
+        run.team = run_team
     return run
 
 
@@ -233,9 +273,9 @@ def build_tree(
     else:
         # enough subtrees for every thread (the top splits run one node per thread)
         top = min(depth, max(0, (get_num_threads() - 1).bit_length())) if n >= 4 * MIN_QUERIES_PER_THREAD else 0
-    # The copy takes ~2.5 ns a point: a second thread pays only past ~10^5 points (measured:
-    # 10^4 0.03 ms on one thread, 0.17 on two; 10^5 0.27 and 0.31; 10^6 2.4 and 1.4).
-    launch_queries(k.tree_init, n, slots(device, n // 256), [points], [sorted_points, order], device, stream)
+    # The copy takes ~2.5 ns a point; a second thread measured 27 -> 20 us at 10^4 points,
+    # 0.23 -> 0.12 ms at 10^5.
+    launch_queries(k.tree_init, n, threads(device, n // 32), [points], [sorted_points, order], device, stream)
     before = [sorted_points, order]
     if by_sort:
         _split_by_sort(k, sorted_points, order, depth, device, stream)
@@ -271,7 +311,7 @@ def query_order(k: Any, points: wp.array, tree: tuple, order: wp.array, device: 
     keys, places = (wp.empty(2 * m, dtype=wp.int32, device=device) for _ in range(2))  # the sort needs 2M
     launch_queries(k.query_box, 1, 1, [sorted_points, lo, hi], [box], device, stream)
     # ~10 ns a point: a second thread pays only past ~10^4 of them
-    launch_queries(k.query_keys, m, slots(device, m // 16), [points, box], [keys, places], device, stream)
+    launch_queries(k.query_keys, m, threads(device, m // 16), [points, box], [keys, places], device, stream)
     with _on(stream):
         wp.utils.radix_sort_pairs(keys, places, m, 0, 3 * _kernels.MORTON_BITS)
         wp.copy(order, places, count=m)
@@ -328,5 +368,7 @@ def kernels_for(dtype_name: str, device: Any) -> Any:
         # as a launch loads it (block_dim 1 on the CPU): Module.load's default block_dim is
         # another variant, compiled a second time for nothing
         wp.load_module(k.tree_init.module, device=device)
+        if device.is_cpu:
+            _load_team(device)
         _LOADED.add(key)
     return k

@@ -1203,3 +1203,77 @@ def kernels(scalar: Any) -> Any:
 class _Kernels:
     def __init__(self, **kw: Any):
         self.__dict__.update(kw)
+
+
+# -- CPU teams -------------------------------------------------------------------------------
+
+TEAM_ARGS_MAX = 8192  # the largest argument struct a team launch copies per thread (bytes)
+
+# The native body of `team_launch`: a GNU OpenMP region (GOMP_parallel, by its address) whose
+# threads run another kernel's compiled CPU entry point over chunks of `chunk` queries, taken
+# in turn (`next`, atomic), or, with `chunk` 0, over the interleaved shares of `slots` scatter
+# slots (slot s: queries s, s + slots, ...; stride `slots`, offset s), so a slot's sums do not
+# depend on which thread runs it. Each thread patches its own copy of the argument struct
+# (stride and offset) and of the launch bounds (the count). Layouts come from ctypes.
+_TEAM_SNIPPET = r"""
+struct wb_team_job {
+    void* gomp_parallel;
+    void* forward;
+    const char* args;
+    const char* bounds;
+    long long args_size, bounds_size, stride_at, offset_at, size_at;
+    long long m, chunk, slots, threads, next;
+};
+auto body = [](void* p) {
+    wb_team_job* job = (wb_team_job*)p;
+    alignas(16) char args[TEAM_ARGS_MAX];
+    alignas(16) char bounds[64];
+    for (long long i = 0; i < job->args_size; ++i) args[i] = job->args[i];
+    for (long long i = 0; i < job->bounds_size; ++i) bounds[i] = job->bounds[i];
+    void (*forward)(void*, void*) = (void (*)(void*, void*))job->forward;
+    for (;;) {
+        long long s = __atomic_fetch_add(&job->next, 1LL, __ATOMIC_RELAXED);
+        long long count, stride, offset;
+        if (job->chunk == 0) {
+            if (s >= job->slots) break;
+            count = s < job->m ? (job->m - s + job->slots - 1) / job->slots : 0;
+            stride = job->slots;
+            offset = s;
+        } else {
+            if (s >= (job->m + job->chunk - 1) / job->chunk) break;
+            offset = s * job->chunk;
+            count = job->m - offset < job->chunk ? job->m - offset : job->chunk;
+            stride = 1;
+        }
+        if (count == 0) continue;
+        *(int*)(args + job->stride_at) = (int)stride;
+        *(int*)(args + job->offset_at) = (int)offset;
+        *(unsigned int*)bounds = (unsigned int)count;
+        *(unsigned long long*)(bounds + job->size_at) = (unsigned long long)count;
+        forward(bounds, args);
+    }
+};
+wb_team_job* team_job = (wb_team_job*)job;
+((void (*)(void (*)(void*), void*, unsigned, unsigned))team_job->gomp_parallel)(
+    body, team_job, (unsigned)team_job->threads, 0u);
+""".replace("TEAM_ARGS_MAX", str(TEAM_ARGS_MAX))
+
+TEAM_JOB = (
+    ("gomp_parallel", "forward", "args", "bounds"),  # pointers
+    ("args_size", "bounds_size", "stride_at", "offset_at", "size_at", "m", "chunk", "slots", "threads", "next"),
+)
+
+
+@functools.cache
+def team() -> Any:
+    """The CPU team launch: a kernel of one thread whose native body runs a job (a pointer to
+    a struct of TEAM_JOB's fields, see _TEAM_SNIPPET) on the threads of a GNU OpenMP team.
+    Its own module: it is never compiled for CUDA."""
+
+    @wp.func_native(_TEAM_SNIPPET)
+    def run_team_job(job: wp.uint64): ...
+
+    def team_launch(job: wp.uint64):
+        run_team_job(job)
+
+    return wp.kernel(team_launch, enable_backward=False, module="warpbridge_cpu_team")

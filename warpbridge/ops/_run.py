@@ -66,8 +66,9 @@ def _scratch(shape: Any, dtype: Any, device: Any) -> wp.array:
     return wp.empty(dims, dtype=dtype, device=device)
 
 
-def _launch(kernel: Any, m: int, before: list, after: list, device: Any, scatter: bool = False) -> None:
-    _core.launch_queries(kernel, m, _core.slots(device, m), before, after, device, None, scatter=scatter)
+def _launch(kernel: Any, m: int, before: list, after: list, device: Any) -> None:
+    """A launch over ``m`` queries (not a scatter), on as many CPU threads as pay."""
+    _core.launch_queries(kernel, m, _core.threads(device, m), before, after, device, None)
 
 
 def _thread_copies(a: wp.array, slots: int, needed: bool) -> wp.array:
