@@ -453,6 +453,41 @@ def test_a_parallel_launch_runs_every_query_once(m, n_slots, scatter, openmp, mo
         assert (starts == np.arange(m) // chunk * chunk).all()
 
 
+def test_small_scratch_is_reused_per_thread_and_calls_in_threads_stay_apart(monkeypatch):
+    """The tree's CPU scratch is kept per thread while small (_core.kept): the next call of the
+    same size reuses it, a big one is not kept, and calls running at once in two threads,
+    each on its own kept arrays, give the results they give alone."""
+    import threading
+
+    cpu = wp.get_device("cpu")
+    k = _core.kernels_for("float32", cpu)
+    first = _core.kept("entries", (100,), k.Entry, cpu)
+    assert _core.kept("entries", (100,), k.Entry, cpu) is first
+    assert _core.kept("entries", (101,), k.Entry, cpu) is not first
+    monkeypatch.setattr(_core, "KEEP_BYTES", 1000)
+    big = _core.kept("entries", (1000,), k.Entry, cpu)
+    assert _core.kept("entries", (1000,), k.Entry, cpu) is not big
+    monkeypatch.undo()
+
+    clouds_ = [clouds(600, 900, 4, torch.float32, seed=s) for s in (31, 32)]
+    alone = [wb.ops.knn_aggregate(q, r, f, 5, 0.2) for q, r, f in clouds_]
+    together: dict = {}
+    start = threading.Barrier(2)
+
+    def worker(i):
+        q, r, f = clouds_[i]
+        start.wait()
+        together[i] = [wb.ops.knn_aggregate(q, r, f, 5, 0.2) for _ in range(20)]
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for i in range(2):
+        assert all(torch.equal(out, alone[i]) for out in together[i])
+
+
 def _child(conn):
     # As a DataLoader worker does: once the parent has run a parallel PyTorch op, any torch op
     # large enough to go parallel hangs in a forked child with PyTorch's default threads

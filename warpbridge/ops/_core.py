@@ -105,7 +105,7 @@ def launch_queries(
     chunk = 0 if scatter else max(CHUNK_MIN, -(-m // (n_slots * CHUNKS_PER_THREAD)))
     team = getattr(run, "team", None)
     if team is not None and _gomp() is not None:
-        team(m, n_slots, chunk)
+        team(m, n_slots, chunk)  # on PyTorch's OpenMP workers, no Python between chunks
         return
     if scatter:
 
@@ -175,13 +175,56 @@ def _load_team(device: Any) -> None:
             _TEAM[device.alias] = (rec.hooks.forward, rec.Args, rec.bounds, rec.module_exec)
 
 
-# (kernel, device, each argument's (dtype, ndim) or type) -> its first launch's record
+class _Direct:
+    """What direct CPU launches of one kernel with one set of argument types need, derived
+    once from its recorded launch: the argument struct, the compiled entry point (and its
+    address, for team launches), where the struct keeps ``stride`` and ``offset``."""
+
+    def __init__(self, rec: Any, kernel: Any, n_before: int):
+        self.Args, self.Bounds, self.forward = rec.Args, type(rec.bounds), rec.hooks.forward
+        self.template = rec.template  # the recorded launch's own arguments
+        self.module_exec = rec.module_exec  # keeps the module loaded
+        self.stride, self.offset = kernel.adj.args[n_before].label, kernel.adj.args[n_before + 1].label
+        self.at = (getattr(self.Args, self.stride).offset, getattr(self.Args, self.offset).offset)
+        self.at += (self.Bounds.size.offset,)
+        self.entry = ctypes.cast(self.forward, ctypes.c_void_p).value
+        self.teams = ctypes.sizeof(self.Args) <= _kernels.TEAM_ARGS_MAX
+
+
+class _Run:
+    """One call's launches of a kernel: ``run(count, stride, offset)`` over ``count`` queries on
+    this thread; ``run.team(m, slots, chunk)``, all ``m`` on a team of OpenMP threads."""
+
+    def __init__(self, direct: _Direct, args: Any, team: tuple | None):
+        self.direct, self.args, self.launcher = direct, args, team
+        self.team = self._team if team is not None and direct.teams else None
+
+    def __call__(self, count: int, stride: int, offset: int) -> None:
+        d = self.direct
+        args = d.Args.from_buffer_copy(self.args)
+        setattr(args, d.stride, stride)
+        setattr(args, d.offset, offset)
+        d.forward(ctypes.byref(d.Bounds((count,))), ctypes.byref(args))
+
+    def _team(self, m: int, slots: int, chunk: int) -> None:
+        d = self.direct
+        team_forward, TeamArgs, team_bounds, _ = self.launcher
+        bounds = d.Bounds((m,))
+        job = _TeamJob(
+            _gomp().wb_parallel, d.entry, ctypes.addressof(self.args), ctypes.addressof(bounds),
+            ctypes.sizeof(d.Args), ctypes.sizeof(bounds), *d.at, m, chunk, slots, slots, 0,
+        )  # fmt: skip
+        team_forward(ctypes.byref(team_bounds), ctypes.byref(TeamArgs(ctypes.addressof(job))))
+
+
+# (kernel, device, each argument's (dtype, ndim) or type) -> _Direct
 _RECORDED: dict = {}
 
 
 def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, stream: Any):
     """``run(count, stride, offset)``: launch ``kernel`` over ``count`` queries; on the CPU also
-    ``run.team(m, slots, chunk)``: all ``m`` queries on a team of PyTorch's OpenMP threads.
+    ``run.team(m, slots, chunk)`` (None where it cannot): all ``m`` queries on a team of
+    PyTorch's OpenMP threads.
 
     On the CPU the arguments are packed once per call and each launch copies that struct and
     calls the compiled entry point directly: a few microseconds instead of a ``wp.launch``
@@ -207,42 +250,15 @@ def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, strea
         return launch
     args = [*before, 1, 0, *after]
     key = (kernel, device.alias, *((a.dtype, a.ndim) if isinstance(a, wp.array) else type(a) for a in args))
-    rec = _RECORDED.get(key)
-    if rec is None:
+    direct = _RECORDED.get(key)
+    if direct is None:
         rec = _plan.record(kernel, m, args, device)
         if not rec.direct:
             return launch  # CPU tile blocks: Warp's own launch path
-        template = rec.template
-        _RECORDED[key] = rec
-    else:
-        template = rec.Args(*(a.__ctype__() if isinstance(a, wp.array) else a for a in args))
-    Args = rec.Args
-    copy, Bounds, forward = Args.from_buffer_copy, type(rec.bounds), rec.hooks.forward
-    stride_name, offset_name = kernel.adj.args[len(before)].label, kernel.adj.args[len(before) + 1].label
-
-    def run(count: int, stride: int, offset: int) -> None:
-        args = copy(template)
-        setattr(args, stride_name, stride)
-        setattr(args, offset_name, offset)
-        forward(ctypes.byref(Bounds((count,))), ctypes.byref(args))
-
-    run.module_exec = rec.module_exec  # keeps the module loaded while this launcher lives
-    team = _TEAM.get(device.alias)
-    if team is not None and ctypes.sizeof(Args) <= _kernels.TEAM_ARGS_MAX:
-        team_forward, TeamArgs, team_bounds, _ = team
-        at = (getattr(Args, stride_name).offset, getattr(Args, offset_name).offset, Bounds.size.offset)
-        entry = ctypes.cast(forward, ctypes.c_void_p).value
-
-        def run_team(m: int, slots: int, chunk: int) -> None:
-            bounds = Bounds((m,))
-            job = _TeamJob(
-                _gomp().wb_parallel, entry, ctypes.addressof(template), ctypes.addressof(bounds),
-                ctypes.sizeof(Args), ctypes.sizeof(bounds), *at, m, chunk, slots, slots, 0,
-            )  # fmt: skip
-            team_forward(ctypes.byref(team_bounds), ctypes.byref(TeamArgs(ctypes.addressof(job))))
-
-        run.team = run_team
-    return run
+        direct = _RECORDED[key] = _Direct(rec, kernel, len(before))
+        return _Run(direct, direct.template, _TEAM.get(device.alias))
+    packed = direct.Args(*(a.__ctype__() if isinstance(a, wp.array) else a for a in args))
+    return _Run(direct, packed, _TEAM.get(device.alias))
 
 
 def build_tree(
@@ -275,7 +291,7 @@ def build_tree(
         top = min(depth, max(0, (get_num_threads() - 1).bit_length())) if n >= 4 * MIN_QUERIES_PER_THREAD else 0
     # The copy takes ~2.5 ns a point; a second thread measured 27 -> 20 us at 10^4 points,
     # 0.23 -> 0.12 ms at 10^5.
-    entries = wp.empty(n, dtype=k.Entry, device=device)  # the points while they are split
+    entries = kept("entries", (n,), k.Entry, device)  # the points while they are split
     launch_queries(k.tree_init, n, threads(device, n // 32), [points], [entries], device, stream)
     if by_sort:
         _split_by_sort(k, entries, depth, device, stream)
@@ -316,6 +332,30 @@ def query_order(k: Any, points: wp.array, tree: tuple, order: wp.array, device: 
     with _on(stream):
         wp.utils.radix_sort_pairs(keys, places, m, 0, 3 * _kernels.MORTON_BITS)
         wp.copy(order, places, count=m)
+
+
+# A thread keeps its last CPU scratch array of each kind while it is at most this big, and
+# the next call of the same size takes it again instead of allocating (~4 us an array, and
+# page faults on fresh memory): a tiny kNN call measured 137 -> 97 us.
+KEEP_BYTES = 8 << 20
+_KEPT = threading.local()
+
+
+def kept(kind: str, shape: tuple, dtype: Any, device: Any) -> wp.array:
+    """Uninitialised CPU scratch of ``kind`` (one per kind in use at a time), reused by this
+    thread's next call of the same shape; elsewhere, or when big, a fresh array. CPU
+    launches are synchronous, so the array is free again when the call returns."""
+    if not device.is_cpu:
+        return wp.empty(shape, dtype=dtype, device=device)
+    arrays = _KEPT.__dict__
+    a = arrays.get(kind)
+    if a is None or a.shape != shape or a.dtype is not dtype:
+        a = wp.empty(shape, dtype=dtype, device=device)
+        if a.capacity <= KEEP_BYTES:
+            arrays[kind] = a
+        else:
+            arrays.pop(kind, None)
+    return a
 
 
 def _on(stream: Any) -> Any:

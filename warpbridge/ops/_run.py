@@ -53,7 +53,7 @@ def _tree(k: Any, points: wp.array, into: tuple | None = None) -> tuple:
     if into is None:
         dims = tree_dims(n)
         types_ = (wp.int32, k.V, k.V, k.V, wp.int32)
-        into = tuple(wp.empty(dims[name], dtype=t, device=device) for name, t in zip(TREE, types_))
+        into = tuple(_core.kept(name, dims[name], t, device) for name, t in zip(TREE, types_))
     _core.build_tree(k, points, into, device, None)
     return into
 
