@@ -87,6 +87,20 @@ def test_bounded_time_where_a_grid_blew_up(name):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bounded_time_on_copies_of_one_point(dtype):
+    """kNN over 200,000 copies of one point with 20,000 queries on it: every distance is 0 and
+    the ties go to the smallest indices, so the index bound prunes every other node. It used
+    to scan all the copies for each query (4e9 distances: seconds to minutes)."""
+    r = torch.full((200_000, 3), 0.25, dtype=dtype)
+    q = r[:20_000].clone()
+    wb.ops.knn(q[:10], r, 7)  # compile outside the clock
+    t = time.perf_counter()
+    d, i = wb.ops.knn(q, r, 7)
+    assert time.perf_counter() - t < 1.5
+    assert (d == 0).all() and (i == torch.arange(7)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_huge_and_tiny_coordinates(dtype):
     """Coordinates near 1e30 (their squares overflow float32) and near 1e-30: the same
     neighbours and distances as the cloud at unit scale, scaled."""
