@@ -188,7 +188,13 @@ class _Direct:
         self.at = (getattr(self.Args, self.stride).offset, getattr(self.Args, self.offset).offset)
         self.at += (self.Bounds.size.offset,)
         self.entry = ctypes.cast(self.forward, ctypes.c_void_p).value
-        self.teams = ctypes.sizeof(self.Args) <= _kernels.TEAM_ARGS_MAX
+        # the layouts the team's native loop writes: 32-bit stride and offset, the count first
+        fields = getattr(self.Args, self.stride), getattr(self.Args, self.offset)
+        self.teams = (
+            ctypes.sizeof(self.Args) <= _kernels.TEAM_ARGS_MAX
+            and all(f.size == 4 for f in fields)
+            and self.Bounds.shape.offset == 0
+        )
 
 
 class _Run:
