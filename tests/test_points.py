@@ -460,13 +460,13 @@ def test_small_scratch_is_reused_per_thread_and_calls_in_threads_stay_apart(monk
     import threading
 
     cpu = wp.get_device("cpu")
-    k = _core.kernels_for("float32", cpu)
-    first = _core.kept("entries", (100,), k.Entry, cpu)
-    assert _core.kept("entries", (100,), k.Entry, cpu) is first
-    assert _core.kept("entries", (101,), k.Entry, cpu) is not first
+    first = _core.kept("sorted_points", (100,), wp.vec3, cpu)
+    assert _core.kept("sorted_points", (100,), wp.vec3, cpu) is first
+    assert _core.kept("sorted_points", (101,), wp.vec3, cpu) is not first
+    assert _core.kept("sorted_points", (101,), wp.vec3d, cpu).dtype is wp.vec3d
     monkeypatch.setattr(_core, "KEEP_BYTES", 1000)
-    big = _core.kept("entries", (1000,), k.Entry, cpu)
-    assert _core.kept("entries", (1000,), k.Entry, cpu) is not big
+    big = _core.kept("sorted_points", (1000,), wp.vec3, cpu)
+    assert _core.kept("sorted_points", (1000,), wp.vec3, cpu) is not big
     monkeypatch.undo()
 
     clouds_ = [clouds(600, 900, 4, torch.float32, seed=s) for s in (31, 32)]

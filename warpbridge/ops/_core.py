@@ -297,22 +297,21 @@ def build_tree(
         top = min(depth, max(0, (get_num_threads() - 1).bit_length())) if n >= 4 * MIN_QUERIES_PER_THREAD else 0
     # The copy takes ~2.5 ns a point; a second thread measured 27 -> 20 us at 10^4 points,
     # 0.23 -> 0.12 ms at 10^5.
-    entries = kept("entries", (n,), k.Entry, device)  # the points while they are split
-    launch_queries(k.tree_init, n, threads(device, n // 32), [points], [entries], device, stream)
+    launch_queries(k.tree_init, n, threads(device, n // 32), [points], [sorted_points, order], device, stream)
+    before = [sorted_points, order]
     if by_sort:
-        _split_by_sort(k, entries, depth, device, stream)
+        _split_by_sort(k, sorted_points, order, depth, device, stream)
     else:
         for level in range(top):
             parts = 1 << level
             launch_queries(
-                k.tree_split, parts, min(parts, _cpu(device)), [entries, parts], [], device, stream, scatter=True
+                k.tree_split, parts, min(parts, _cpu(device)), [*before, parts], [], device, stream, scatter=True
             )
     parts = 1 << top
-    after = [sorted_points, order, lo, hi, min_index]
-    launch_queries(
-        k.tree_subtrees, parts, min(parts, _cpu(device)), [entries, parts], after, device, stream, scatter=True
-    )
     boxes = [lo, hi, min_index]
+    launch_queries(
+        k.tree_subtrees, parts, min(parts, _cpu(device)), [*before, parts], boxes, device, stream, scatter=True
+    )
     for level in reversed(range(top)):
         parts = 1 << level
         launch_queries(k.tree_up, parts, min(parts, _cpu(device)), [parts], boxes, device, stream, scatter=True)
@@ -369,28 +368,29 @@ def _on(stream: Any) -> Any:
     return wp.ScopedStream(stream) if stream is not None else contextlib.nullcontext()
 
 
-def _split_by_sort(k: Any, entries: wp.array, levels: int, device: Any, stream: Any) -> None:
+def _split_by_sort(k: Any, pts: wp.array, order: wp.array, levels: int, device: Any, stream: Any) -> None:
     """Split ``levels`` levels of the tree, each by two stable radix sorts of all N points:
     by the coordinate along their node's axis, then by node (see ``tree_keys``). A quickselect
     per node would leave the top levels to a few GPU threads, each walking up to N points;
     the sorts keep the whole device busy at every level, for O(N) scratch."""
-    n = entries.shape[0]
+    n = pts.shape[0]
     if levels == 0 or n == 0:
         return
     keys = wp.empty(2 * n, dtype=k.T, device=device)  # the sorts need room for 2N
     places, nodes, by_node = (wp.empty(2 * n, dtype=wp.int32, device=device) for _ in range(3))
     axes = wp.empty(1 << (levels - 1), dtype=wp.int32, device=device)
-    entries_out = wp.empty_like(entries)
+    pts_out, order_out = wp.empty_like(pts), wp.empty_like(order)
     with _on(stream):
         for level in range(levels):
             parts = 1 << level
-            wp.launch(k.tree_axes, dim=parts, inputs=[entries, parts, axes], device=device)
-            wp.launch(k.tree_keys, dim=n, inputs=[entries, parts, axes, keys, places], device=device)
+            wp.launch(k.tree_axes, dim=parts, inputs=[pts, parts, axes], device=device)
+            wp.launch(k.tree_keys, dim=n, inputs=[pts, parts, axes, keys, places], device=device)
             wp.utils.radix_sort_pairs(keys, places, n)
             wp.launch(k.tree_node_keys, dim=n, inputs=[places, n, parts, nodes, by_node], device=device)
             wp.utils.radix_sort_pairs(nodes, by_node, n, 0, level)  # nodes < 2**level
-            wp.launch(k.tree_gather, dim=n, inputs=[entries, by_node, entries_out], device=device)
-            wp.copy(entries, entries_out)
+            wp.launch(k.tree_gather, dim=n, inputs=[pts, order, by_node, pts_out, order_out], device=device)
+            wp.copy(pts, pts_out)
+            wp.copy(order, order_out)
 
 
 def _cpu(device: Any) -> int:

@@ -83,16 +83,6 @@ def kernels(scalar: Any) -> Any:
     StackD = wp.types.vector(STACK, T)
     module = f"warpbridge_points_{T.__name__}"
 
-    class Entry:
-        # A point and its original index, side by side while the tree is built: a split's
-        # partition then moves one 16-byte record (float32) per element instead of a point and
-        # an index from two arrays, measured 17-19% faster at 10^4-10^5 points.
-        p: V
-        i: wp.int32
-
-    Entry = wp.struct(Entry, module=module)
-    Entries = wp.array(dtype=Entry)
-
     def kernel(f):
         return wp.kernel(f, enable_backward=False, module=module)
 
@@ -288,42 +278,37 @@ def kernels(scalar: Any) -> Any:
 
     @func
     def node_box(
-        es: Entries,
+        pts: wp.array(dtype=V),
+        order: wp.array(dtype=wp.int32),
         s: int,
         e: int,
         node: int,
-        pts: wp.array(dtype=V),
-        order: wp.array(dtype=wp.int32),
         lo: wp.array(dtype=V),
         hi: wp.array(dtype=V),
         min_index: wp.array(dtype=wp.int32),
     ):
-        # Leaf `node`'s points [s, e) into the tree's points and order; their exact box and
-        # smallest original index.
+        # The exact box and smallest original index of points [s, e).
         b0 = V(T(wp.inf))
         b1 = V(T(-wp.inf))
         first = int(2147483647)
         for t in range(s, e):
-            en = es[t]
-            pts[t] = en.p
-            order[t] = en.i
-            b0 = wp.min(b0, en.p)
-            b1 = wp.max(b1, en.p)
-            first = wp.min(first, en.i)
+            b0 = wp.min(b0, pts[t])
+            b1 = wp.max(b1, pts[t])
+            first = wp.min(first, order[t])
         lo[node] = b0
         hi[node] = b1
         min_index[node] = first
 
     @func
-    def split_axis(es: Entries, s: int, e: int) -> int:
+    def split_axis(pts: wp.array(dtype=V), s: int, e: int) -> int:
         # The widest spread of (a sample of) the points [s, e). The exact boxes are merged
         # bottom-up once the points are in place.
         b0 = V(T(wp.inf))
         b1 = V(T(-wp.inf))
         step = wp.max(1, (e - s) // SAMPLE)
         for t in range(s, e, step):
-            b0 = wp.min(b0, es[t].p)
-            b1 = wp.max(b1, es[t].p)
+            b0 = wp.min(b0, pts[t])
+            b1 = wp.max(b1, pts[t])
         ext = b1 - b0
         axis = int(0)
         if ext[1] > ext[axis]:
@@ -333,13 +318,13 @@ def kernels(scalar: Any) -> Any:
         return axis
 
     @func
-    def split_node(es: Entries, n: int, parts: int, i: int):
+    def split_node(pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32), n: int, parts: int, i: int):
         # Node i of a level with `parts` nodes: put its point of rank m along its widest axis
         # at the children's boundary.
         s = part(i, n, parts)
         e = part(i + 1, n, parts)
         m = part(2 * i + 1, n, 2 * parts)
-        axis = split_axis(es, s, e)
+        axis = split_axis(pts, s, e)
         if m < e:
             # Quickselect of position m along the axis, keys compared as (coordinate, original
             # index): all distinct, so duplicated points cannot unbalance a step. Lomuto's
@@ -361,32 +346,38 @@ def kernels(scalar: Any) -> Any:
                         # (np.repeat) build 25% slower than the same points shuffled.
                         h = int(wp.rand_init(left, si) % wp.uint32(span + 1))
                         t = left + part(si, span + 1, SAMPLE) + h // SAMPLE
-                        v = es[t].p[axis]
-                        vi = es[t].i
+                        v = pts[t][axis]
+                        vi = order[t]
                         sj = si
                         # sorted as the partition compares: (coordinate, original index)
-                        while sj > 0 and (keys[sj - 1] > v or (keys[sj - 1] == v and es[at[sj - 1]].i > vi)):
+                        while sj > 0 and (keys[sj - 1] > v or (keys[sj - 1] == v and order[at[sj - 1]] > vi)):
                             keys[sj] = keys[sj - 1]
                             at[sj] = at[sj - 1]
                             sj -= 1
                         keys[sj] = v
                         at[sj] = t
                     pick = at[((m - left) * (SAMPLE - 1) + span // 2) // span]
-                pivot = es[pick]
-                es[pick] = es[right]
-                key = pivot.p[axis]
-                pivot_index = pivot.i
+                pivot = pts[pick]
+                pivot_index = order[pick]
+                pts[pick] = pts[right]
+                order[pick] = order[right]
+                key = pivot[axis]
                 store = left
                 for j in range(left, right):
-                    ej = es[j]
-                    c = ej.p[axis]
-                    # (c, index) < (key, pivot_index) as integer arithmetic: no branch to mispredict
-                    below = int(c < key) | (int(c == key) & int(ej.i < pivot_index))
-                    es[j] = es[store]
-                    es[store] = ej
+                    pj = pts[j]
+                    oj = order[j]
+                    c = pj[axis]
+                    # (c, oj) < (key, pivot_index) as integer arithmetic: no branch to mispredict
+                    below = int(c < key) | (int(c == key) & int(oj < pivot_index))
+                    pts[j] = pts[store]
+                    order[j] = order[store]
+                    pts[store] = pj
+                    order[store] = oj
                     store += below
-                es[right] = es[store]
-                es[store] = pivot
+                pts[right] = pts[store]
+                order[right] = order[store]
+                pts[store] = pivot
+                order[store] = pivot_index
                 if m < store:
                     right = store - 1
                 elif m > store:
@@ -413,19 +404,20 @@ def kernels(scalar: Any) -> Any:
         merge_up(parts + wp.tid() * stride + offset, lo, hi, min_index)
 
     @kernel
-    def tree_init(points: wp.array(dtype=V), stride: int, offset: int, es: Entries):
+    def tree_init(
+        points: wp.array(dtype=V), stride: int, offset: int, pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32)
+    ):
         # The points to be permuted; a non-finite one becomes (+inf, +inf, +inf).
         i = wp.tid() * stride + offset
-        en = Entry()
-        en.p = points[i]
-        if not finite(en.p):
-            en.p = V(T(wp.inf))
-        en.i = i
-        es[i] = en
+        p = points[i]
+        if not finite(p):
+            p = V(T(wp.inf))
+        pts[i] = p
+        order[i] = i
 
     @kernel
-    def tree_split(es: Entries, parts: int, stride: int, offset: int):
-        split_node(es, es.shape[0], parts, wp.tid() * stride + offset)
+    def tree_split(pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32), parts: int, stride: int, offset: int):
+        split_node(pts, order, pts.shape[0], parts, wp.tid() * stride + offset)
 
     # A level split by sorting, for CUDA (a quickselect per node leaves the top levels to a
     # few GPU threads): every point's key is its coordinate along its node's split axis; a
@@ -440,21 +432,21 @@ def kernels(scalar: Any) -> Any:
         return int((wp.int64(p + 1) * wp.int64(parts) + wp.int64(n - 1)) // wp.int64(n)) - 1
 
     @kernel
-    def tree_axes(es: Entries, parts: int, axes: wp.array(dtype=wp.int32)):
+    def tree_axes(pts: wp.array(dtype=V), parts: int, axes: wp.array(dtype=wp.int32)):
         i = wp.tid()
-        n = es.shape[0]
-        axes[i] = split_axis(es, part(i, n, parts), part(i + 1, n, parts))
+        n = pts.shape[0]
+        axes[i] = split_axis(pts, part(i, n, parts), part(i + 1, n, parts))
 
     @kernel
     def tree_keys(
-        es: Entries,
+        pts: wp.array(dtype=V),
         parts: int,
         axes: wp.array(dtype=wp.int32),
         keys: wp.array(dtype=T),
         places: wp.array(dtype=wp.int32),
     ):
         p = wp.tid()
-        keys[p] = es[p].p[axes[node_of(p, es.shape[0], parts)]]
+        keys[p] = pts[p][axes[node_of(p, pts.shape[0], parts)]]
         places[p] = p
 
     @kernel
@@ -470,38 +462,43 @@ def kernels(scalar: Any) -> Any:
         out[j] = places[j]
 
     @kernel
-    def tree_gather(es: Entries, places: wp.array(dtype=wp.int32), es_out: Entries):
+    def tree_gather(
+        pts: wp.array(dtype=V),
+        order: wp.array(dtype=wp.int32),
+        places: wp.array(dtype=wp.int32),
+        pts_out: wp.array(dtype=V),
+        order_out: wp.array(dtype=wp.int32),
+    ):
         j = wp.tid()
-        es_out[j] = es[places[j]]
+        pts_out[j] = pts[places[j]]
+        order_out[j] = order[places[j]]
 
     @kernel
     def tree_subtrees(
-        es: Entries,
+        pts: wp.array(dtype=V),
+        order: wp.array(dtype=wp.int32),
         parts: int,
         stride: int,
         offset: int,
-        pts: wp.array(dtype=V),
-        order: wp.array(dtype=wp.int32),
         lo: wp.array(dtype=V),
         hi: wp.array(dtype=V),
         min_index: wp.array(dtype=wp.int32),
     ):
         # One thread builds the whole subtree under node (parts + r): its splits level by
-        # level, its leaves (points, order, boxes), then its boxes bottom-up.
+        # level, its leaves' boxes, then its boxes bottom-up.
         r = wp.tid() * stride + offset
-        n = es.shape[0]
+        n = pts.shape[0]
         leaves = lo.shape[0] // 2
         level = parts
         width = int(1)
         while level < leaves:
             for j in range(width):
-                split_node(es, n, level, r * width + j)
+                split_node(pts, order, n, level, r * width + j)
             level = level * 2
             width = width * 2
         for j in range(width):
             leaf = r * width + j
-            start, end = part(leaf, n, leaves), part(leaf + 1, n, leaves)
-            node_box(es, start, end, leaves + leaf, pts, order, lo, hi, min_index)
+            node_box(pts, order, part(leaf, n, leaves), part(leaf + 1, n, leaves), leaves + leaf, lo, hi, min_index)
         while level > parts:
             level = level // 2
             width = width // 2
@@ -1184,7 +1181,6 @@ def kernels(scalar: Any) -> Any:
     return _Kernels(
         T=T,
         V=V,
-        Entry=Entry,
         tree_init=tree_init,
         tree_split=tree_split,
         tree_axes=tree_axes,
