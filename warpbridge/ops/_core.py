@@ -414,7 +414,7 @@ def kernels_for(dtype_name: str, device: Any) -> Any:
         # as a launch loads it (block_dim 1 on the CPU): Module.load's default block_dim is
         # another variant, compiled a second time for nothing
         wp.load_module(k.tree_init.module, device=device)
-        if device.is_cpu:
+        if device.is_cpu and _gomp() is not None:  # elsewhere the pool runs the launches
             _load_team(device)
         _LOADED.add(key)
     return k
