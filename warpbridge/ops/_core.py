@@ -163,7 +163,8 @@ class _TeamJob(ctypes.Structure):
     ]
 
 
-# device alias -> the team launch's (compiled entry point, argument struct type, bounds)
+# device alias -> the team launch's (compiled entry point, argument struct type, bounds,
+# module executable that keeps it loaded)
 _TEAM: dict = {}
 
 
@@ -188,10 +189,12 @@ class _Direct:
         self.at = (getattr(self.Args, self.stride).offset, getattr(self.Args, self.offset).offset)
         self.at += (self.Bounds.size.offset,)
         self.entry = ctypes.cast(self.forward, ctypes.c_void_p).value
-        # the layouts the team's native loop writes: 32-bit stride and offset, the count first
+        # the layouts the team's native loop copies and writes: the struct within its buffers,
+        # 32-bit stride and offset, the count first in the bounds
         fields = getattr(self.Args, self.stride), getattr(self.Args, self.offset)
         self.teams = (
             ctypes.sizeof(self.Args) <= _kernels.TEAM_ARGS_MAX
+            and ctypes.sizeof(self.Bounds) <= _kernels.TEAM_BOUNDS_MAX
             and all(f.size == 4 for f in fields)
             and self.Bounds.shape.offset == 0
         )
@@ -202,7 +205,7 @@ class _Run:
     this thread; ``run.team(m, slots, chunk)``, all ``m`` on a team of OpenMP threads."""
 
     def __init__(self, direct: _Direct, args: Any, team: tuple | None):
-        self.direct, self.args, self.launcher = direct, args, team
+        self.direct, self.args, self.team_launch = direct, args, team
         self.team = self._team if team is not None and direct.teams else None
 
     def __call__(self, count: int, stride: int, offset: int) -> None:
@@ -214,7 +217,7 @@ class _Run:
 
     def _team(self, m: int, slots: int, chunk: int) -> None:
         d = self.direct
-        team_forward, TeamArgs, team_bounds, _ = self.launcher
+        team_forward, TeamArgs, team_bounds, _ = self.team_launch
         bounds = d.Bounds((m,))
         job = _TeamJob(
             _gomp().wb_parallel, d.entry, ctypes.addressof(self.args), ctypes.addressof(bounds),

@@ -1212,6 +1212,7 @@ class _Kernels:
 # -- CPU teams -------------------------------------------------------------------------------
 
 TEAM_ARGS_MAX = 8192  # the largest argument struct a team launch copies per thread (bytes)
+TEAM_BOUNDS_MAX = 64  # and the largest launch bounds
 
 # The native body of `team_launch`: a GNU OpenMP region (GOMP_parallel, by its address) whose
 # threads run another kernel's compiled CPU entry point over chunks of `chunk` queries, taken
@@ -1231,7 +1232,7 @@ struct wb_team_job {
 auto body = [](void* p) {
     wb_team_job* job = (wb_team_job*)p;
     alignas(16) char args[TEAM_ARGS_MAX];
-    alignas(16) char bounds[64];
+    alignas(16) char bounds[TEAM_BOUNDS_MAX];
     for (long long i = 0; i < job->args_size; ++i) args[i] = job->args[i];
     for (long long i = 0; i < job->bounds_size; ++i) bounds[i] = job->bounds[i];
     void (*forward)(void*, void*) = (void (*)(void*, void*))job->forward;
@@ -1260,7 +1261,7 @@ auto body = [](void* p) {
 wb_team_job* team_job = (wb_team_job*)job;
 ((void (*)(void (*)(void*), void*, unsigned, unsigned))team_job->gomp_parallel)(
     body, team_job, (unsigned)team_job->threads, 0u);
-""".replace("TEAM_ARGS_MAX", str(TEAM_ARGS_MAX))
+""".replace("TEAM_ARGS_MAX", str(TEAM_ARGS_MAX)).replace("TEAM_BOUNDS_MAX", str(TEAM_BOUNDS_MAX))
 
 TEAM_JOB = (
     ("gomp_parallel", "forward", "args", "bounds"),  # pointers
