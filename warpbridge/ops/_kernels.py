@@ -10,11 +10,11 @@ against float64 references in ``tests/test_points.py``. No kernel here has a War
 The search structure is a balanced kd-tree with an implicit layout, so that its size and
 shape follow from the point count alone (no host synchronisation on CUDA, and the adapters
 can allocate it up front). Node ``1`` is the root, node ``c`` has children ``2c`` and
-``2c + 1``, and the ``2**depth`` leaves hold 8 to 16 points each. A node at level ``l``
+``2c + 1``, and the ``2**depth`` leaves hold 11 to 22 points each. A node at level ``l``
 holds the points ``[floor(i N / 2**l), floor((i + 1) N / 2**l))`` of the permuted point
 array: every split is a median split along the widest axis of a sample of the node's points
 (on the CPU a quickselect per node; on CUDA every level at once, by two stable radix sorts of
-all points, see ``tree_keys``), so the tree's depth is ``log2(N / 16)`` on any data.
+all points, see ``tree_keys``), so the tree's depth is ``log2(N / 22)`` on any data.
 Outliers, clusters, surfaces and lines only change the boxes, never the depth or the memory.
 Each node keeps the exact bounding box of its points and the smallest original index among
 them.
@@ -48,7 +48,11 @@ from typing import Any
 
 import warp as wp
 
-LEAF_SIZE = 16  # the most points per leaf
+# The most points per leaf: the fewest levels that leave at most this many, so 11 to 22 per
+# leaf. Against 16 (8 to 16 per leaf), kNN took 1.60 -> 1.54 ms at 10^4 points, 3.28 -> 3.19
+# at 2 * 10^4 and 1.88 -> 1.81 s at 10^7, where 16 left 10 points per leaf; the radius op the
+# same (10^4: 2.89 ms either way, 10^7: 3.8 s); at 10^5 and 10^6 the two give the same tree.
+LEAF_SIZE = 22
 STACK = 32  # the search stack: deeper than any tree of int32-indexed points (depth <= 28)
 SAMPLE = 15  # keys sampled to choose a quickselect pivot (odd)
 # Queries are searched in Morton order of 2**MORTON_BITS cells per axis (see query_keys):
