@@ -22,8 +22,15 @@ points with N / 10 queries, kNN and radius aggregation (F = 16, forward and back
 the peak memory each call adds (peak RSS above the level before it). The output is not counted:
 the table shows the search structure's and the scratch's memory per reference point.
 
+Self-join (--self): kNN of every reference point among the reference points (the queries
+are the same tensor, M = N), as in a feature graph or normal estimation, on the same eight
+distributions against the same peers. The issue's targets are for queries near the points;
+this mode shows the other common use.
+
 Usage: python benchmarks/distributions.py [--sizes 10000,100000,1000000] [--quick]
        -> table + benchmarks/results/distributions-<machine>.json (+ .png chart)
+       python benchmarks/distributions.py --self [--sizes ...]
+       -> table + benchmarks/results/distributions-self-<machine>.json
        python benchmarks/distributions.py --scale [--sizes 10000,...,10000000]
        -> table + benchmarks/results/scale-<machine>.json
 """
@@ -204,6 +211,55 @@ def run_one(name: str, n: int, repeat: int) -> dict:
     return row
 
 
+def self_one(name: str, n: int, repeat: int) -> dict:
+    """kNN of the reference points among themselves (the same tensor as queries and points)."""
+    r, _ = make(name, n)
+    rt = torch.from_numpy(r)
+    d_ours, _ = wb.ops.knn(rt, rt, K)
+    d_ck, _ = ckdtree_knn(r, r)
+    row: dict = {"distribution": name, "n": n, "m": n, "knn_max_abs_err": float(np.abs(d_ours.numpy() - d_ck).max())}
+    t = {"knn warpbridge": median_ms(lambda: wb.ops.knn(rt, rt, K), "cpu", repeat)}
+    t["knn cKDTree"] = median_ms(lambda: ckdtree_knn(r, r), "cpu", repeat)
+    if available("pykdtree"):
+        t["knn pykdtree"] = median_ms(lambda: pykdtree_knn(r, r), "cpu", repeat)
+    row["ms"] = t
+    row["knn_vs_best_peer"] = min(v for k, v in t.items() if "warpbridge" not in k) / t["knn warpbridge"]
+    return row
+
+
+def self_join(sizes: list[int], names: list[str], quick: bool, out_dir: str) -> None:
+    rows = []
+    print(f"{'distribution':24s} {'N = M':>9s} | {'knn: ours':>10s} {'cKDTree':>9s} {'pykdtree':>9s} {'x best':>7s}")
+    t0 = time.perf_counter()
+    for n in sizes:
+        repeat = 3 if quick else max(3, min(101, int(1e6 // n)))
+        for name in names:
+            row = self_one(name, n, repeat)
+            rows.append(row)
+            t = row["ms"]
+            print(
+                f"{name:24s} {n:9,d} | {t['knn warpbridge']:10.1f} {t['knn cKDTree']:9.1f} "
+                f"{t.get('knn pykdtree', float('nan')):9.1f} {row['knn_vs_best_peer']:6.2f}x",
+                flush=True,
+            )
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"distributions-self-{platform.machine()}-{os.cpu_count()}cpu.json")
+    with open(path, "w") as fh:
+        json.dump({"meta": _meta(t0), "rows": rows}, fh, indent=1)
+    print(f"-> {path}")
+
+
+def _meta(t0: float) -> dict:
+    return {
+        "date": date.today().isoformat(),
+        "device": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
 def scale_one(name: str, n: int) -> dict:
     g = np.random.default_rng(0)
     r = torch.from_numpy(DISTRIBUTIONS[name](g, n).astype(np.float32))
@@ -286,6 +342,7 @@ def main() -> None:
     p.add_argument("--only", default=None, help="comma-separated distribution names")
     p.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
     p.add_argument("--scale", action="store_true", help="warpbridge alone, 10^4 to 10^7 points: time and memory")
+    p.add_argument("--self", action="store_true", help="kNN of the reference points among themselves (M = N)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     args = p.parse_args()
     if args.scale:
@@ -297,6 +354,9 @@ def main() -> None:
         return
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     names = args.only.split(",") if args.only else list(DISTRIBUTIONS)
+    if args.self:
+        self_join(sizes, names, args.quick, args.out)
+        return
     rows = []
     print(
         f"{'distribution':24s} {'N':>9s} | {'knn: ours':>10s} {'cKDTree':>9s} {'pykdtree':>9s} {'x best':>7s} | "
@@ -318,18 +378,9 @@ def main() -> None:
                 flush=True,
             )
     os.makedirs(args.out, exist_ok=True)
-    machine = f"{platform.machine()}-{os.cpu_count()}cpu"
-    meta = {
-        "date": date.today().isoformat(),
-        "device": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "seconds": round(time.perf_counter() - t0, 1),
-    }
-    path = os.path.join(args.out, f"distributions-{machine}.json")
+    path = os.path.join(args.out, f"distributions-{platform.machine()}-{os.cpu_count()}cpu.json")
     with open(path, "w") as fh:
-        json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+        json.dump({"meta": _meta(t0), "rows": rows}, fh, indent=1)
     chart(rows, path[:-5] + ".png")
     print(f"-> {path}")
 

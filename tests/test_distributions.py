@@ -212,10 +212,11 @@ def test_queries_go_in_morton_order(name, monkeypatch):
     q[5::97] = (np.inf, 0.0, 0.0)
     k = _core.kernels_for("float32", wp.get_device("cpu"))
     cpu = wp.get_device("cpu")
-    tree = _run._tree(k, wp.from_numpy(r, dtype=wp.vec3))
+    refs = wp.from_numpy(r, dtype=wp.vec3)
+    tree = _run._tree(k, refs)
     queries = wp.empty(len(q), dtype=wp.int32)
     monkeypatch.setattr(_core, "QUERY_ORDER_MIN", len(q))
-    _core.query_order(k, wp.from_numpy(q, dtype=wp.vec3), tree, queries, cpu, None)
+    _core.query_order(k, wp.from_numpy(q, dtype=wp.vec3), tree, queries, cpu, None, refs)
     perm = queries.numpy()
     key = assert_morton_order(q, tree, perm)
     last = (1 << (3 * _kernels.MORTON_BITS)) - 1  # shared only with the box's far corner
@@ -225,8 +226,48 @@ def test_queries_go_in_morton_order(name, monkeypatch):
     # the outliers do not stretch the cells: the queries spread over many of them
     assert len(np.unique(key)) > (30 if name == "duplicated points" else 200), "too few cells: no order to speak of"
     monkeypatch.setattr(_core, "QUERY_ORDER_MIN", len(q) + 1)
-    _core.query_order(k, wp.from_numpy(q, dtype=wp.vec3), tree, queries, cpu, None)
+    _core.query_order(k, wp.from_numpy(q, dtype=wp.vec3), tree, queries, cpu, None, refs)
     assert (queries.numpy() == -1).all()
+
+
+@pytest.mark.parametrize("name", ["gaussian", "lidar rings + 20 far", "duplicated points"])
+def test_a_self_join_goes_in_tree_order_and_changes_no_result(name, monkeypatch):
+    """Queries that are the reference points themselves (the same tensor, as in self-kNN) are
+    taken in the tree's own order. They give what a copy of the points gives, which goes in
+    another order: the same neighbours and outputs bit for bit, exact against the dense
+    reference, and the same gradients up to the order of the sums."""
+    import numpy as np
+
+    from warpbridge.ops import _core
+
+    took_tree_order = []
+    real_order = _core.query_order
+
+    def spy(k, points, tree, order, *rest):
+        real_order(k, points, tree, order, *rest)
+        took_tree_order.append(bool(np.array_equal(order.numpy(), tree[0].numpy())))
+
+    monkeypatch.setattr(_core, "query_order", spy)
+    r, _ = cloud(name, 1200)
+    f = torch.randn(len(r), 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    radius = float(torch.kthvalue(torch.cdist(r, r), 60, dim=1).values.median())  # > 0 on 50 copies
+    results = []
+    for same in (True, False):
+        took_tree_order.clear()
+        p, fg = r.clone().requires_grad_(), f.clone().requires_grad_()
+        q = p if same else p.clone()
+        d, i = wb.ops.knn(q, p, 6)
+        out = wb.ops.radius_aggregate(q, p, fg, radius, radius / 2)
+        agg = wb.ops.knn_aggregate(q, p, fg, 6, radius / 2)
+        (d.sum() + (out * out).sum() + (agg * agg).sum()).backward()
+        assert took_tree_order == [same] * 3
+        results.append(([d, i, out, agg], [p.grad, fg.grad]))
+    (own, own_grads), (copy, copy_grads) = results
+    for a, b in zip(own, copy):
+        assert torch.equal(a, b)
+    assert torch.equal(own[1], dense_knn(r, r, 6))
+    for a, b in zip(own_grads, copy_grads):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_the_query_order_changes_no_result(monkeypatch):

@@ -119,7 +119,8 @@ def test_queries_go_in_morton_order_on_the_device():
     assert len(q) >= _core.QUERY_ORDER_MIN
     device = wp.get_device("cuda:0")
     k = _core.kernels_for("float32", device)
-    tree = _run._tree(k, wp.array(r, dtype=wp.vec3, device=device))
+    refs = wp.array(r, dtype=wp.vec3, device=device)
+    tree = _run._tree(k, refs)
     queries = wp.empty(len(q), dtype=wp.int32, device=device)
-    _core.query_order(k, wp.array(q, dtype=wp.vec3, device=device), tree, queries, device, None)
+    _core.query_order(k, wp.array(q, dtype=wp.vec3, device=device), tree, queries, device, None, refs)
     assert_morton_order(q, tree, queries.numpy())

@@ -134,7 +134,7 @@ def _pair_count(k: Any, stats: wp.array, m: int) -> tuple[int, wp.array]:
 
 def _radius_forward(k, query, ref, features, radius, sigma, out, stats, neighbours, tree, queries):
     _tree(k, ref, tree)
-    _core.query_order(k, query, tree, queries, query.device, None)
+    _core.query_order(k, query, tree, queries, query.device, None, ref)
     before = [query, features, *tree, radius, sigma, queries]
     _launch(k.radius_forward, query.shape[0], before, [out, stats, neighbours], query.device)
 
@@ -190,7 +190,7 @@ def _radius_backward(
         # The references go in Morton order over that tree's box, as the queries do.
         qtree = _tree(k, query)
         refs = _scratch(n, wp.int32, device)
-        _core.query_order(k, ref, qtree, refs, device, None)
+        _core.query_order(k, ref, qtree, refs, device, None, query)
         before = [ref, features, *qtree, radius, sigma, stats, grad, g_out, int(needs[1]), int(needs[2]), refs]
         _launch(k.radius_backward_ref, n, before, [dr, df], device)
 
@@ -207,7 +207,7 @@ def _knn_forward(k, query, ref, kk, dist, idx, queries, features=None, sigma=1.0
     device = query.device
     if features is None:
         features = out = _nothing((0, 0), k.T, device)
-    _core.query_order(k, query, tree, queries, device, None)
+    _core.query_order(k, query, tree, queries, device, None, ref)
     before = [query, *tree, kk, features, _groups_of_4(features), sigma, queries]
     _launch(k.knn_search, query.shape[0], before, [dist, idx, out, _groups_of_4(out)], device)
 
