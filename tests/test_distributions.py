@@ -230,15 +230,24 @@ def test_queries_go_in_morton_order(name, monkeypatch):
     assert (queries.numpy() == -1).all()
 
 
-@pytest.mark.parametrize("name", ["gaussian", "lidar rings + 20 far", "duplicated points"])
-def test_a_self_join_goes_in_tree_order_and_changes_no_result(name, monkeypatch):
+@pytest.mark.parametrize(
+    "name, backward",
+    [("gaussian", "one pass"), ("lidar rings + 20 far", "one pass"), ("duplicated points", "one pass")]
+    + [("gaussian", "two searches")],
+)
+def test_a_self_join_goes_in_tree_order_and_changes_no_result(name, backward, monkeypatch):
     """Queries that are the reference points themselves (the same tensor, as in self-kNN) are
-    taken in the tree's own order. They give what a copy of the points gives, which goes in
-    another order: the same neighbours and outputs bit for bit, exact against the dense
-    reference, and the same gradients up to the order of the sums."""
+    taken in the tree's own order, and so are the references of the radius backward's second
+    search (CUDA's path). They give what a copy of the points gives, which goes in another
+    order: the same neighbours and outputs bit for bit, exact against the dense reference, and
+    the same gradients up to the order of the sums."""
     import numpy as np
 
-    from warpbridge.ops import _core
+    from warpbridge.ops import _core, _run
+
+    if backward == "two searches":
+        monkeypatch.setattr(_run, "one_pass_fits", lambda *a: False)
+        monkeypatch.setattr(_run, "PAIRS_PER_POINT", -(10**9))
 
     took_tree_order = []
     real_order = _core.query_order
@@ -260,7 +269,8 @@ def test_a_self_join_goes_in_tree_order_and_changes_no_result(name, monkeypatch)
         out = wb.ops.radius_aggregate(q, p, fg, radius, radius / 2)
         agg = wb.ops.knn_aggregate(q, p, fg, 6, radius / 2)
         (d.sum() + (out * out).sum() + (agg * agg).sum()).backward()
-        assert took_tree_order == [same] * 3
+        # the three forwards, then the radius backward's second search
+        assert took_tree_order == [same] * (3 if backward == "one pass" else 4)
         results.append(([d, i, out, agg], [p.grad, fg.grad]))
     (own, own_grads), (copy, copy_grads) = results
     for a, b in zip(own, copy):
