@@ -184,15 +184,18 @@ def _charts(out: Path) -> list[Path]:
                 f"{case}, ms": {f"{pool} pool": row["ms"] for pool, row in pools.items()}
                 for case, pools in data["median"].items()
             }
-        elif path.name.startswith("distributions"):
+        elif path.name.startswith("distributions"):  # distributions-self: kNN alone, M = N
             rows = data["rows"]
             n = 100_000 if any(r["n"] == 100_000 for r in rows) else max(r["n"] for r in rows)
+            knn = "kNN self-join" if path.name.startswith("distributions-self") else "kNN"
             sections = {
-                f"kNN at N = {n:,}: speed-up over the best peer (x)": {
+                f"{knn} at N = {n:,}: speed-up over the best peer (x)": {
                     r["distribution"]: r["knn_vs_best_peer"] for r in rows if r["n"] == n
                 },
                 f"radius aggregation at N = {n:,}: speed-up over cKDTree + torch (x)": {
-                    r["distribution"]: r["radius_vs_best_peer"] for r in rows if r["n"] == n
+                    r["distribution"]: r["radius_vs_best_peer"]
+                    for r in rows
+                    if r["n"] == n and "radius_vs_best_peer" in r
                 },
             }
         elif path.name.startswith("scale"):
