@@ -124,3 +124,18 @@ def test_queries_go_in_morton_order_on_the_device():
     queries = wp.empty(len(q), dtype=wp.int32, device=device)
     _core.query_order(k, wp.array(q, dtype=wp.vec3, device=device), tree, queries, device, None, refs)
     assert_morton_order(q, tree, queries.numpy())
+
+
+def test_a_self_join_on_the_device():
+    """Queries that are the reference points themselves take the tree's order on the device
+    (a copy on the current stream) and give what a copy of the points gives, bit for bit."""
+    _, r, f = clouds(1, 30_000, 4, torch.float64, seed=5)
+    p, fp = r.cuda(), f.cuda()
+    for op in (
+        lambda a, b: wb.ops.knn(a, b, 7),
+        lambda a, b: (wb.ops.radius_aggregate(a, b, fp, 0.1, 0.05),),
+        lambda a, b: (wb.ops.knn_aggregate(a, b, fp, 7, 0.05),),
+    ):
+        for own, copy in zip(op(p, p), op(p.clone(), p)):
+            assert torch.equal(own, copy)
+    assert torch.equal(wb.ops.knn(p, p, 1)[1][:, 0].cpu(), torch.arange(len(r)))
