@@ -30,7 +30,7 @@ this mode shows the other common use.
 Usage: python benchmarks/distributions.py [--sizes 10000,100000,1000000] [--quick]
        -> table + benchmarks/results/distributions-<machine>.json (+ .png chart)
        python benchmarks/distributions.py --self [--sizes ...]
-       -> table + benchmarks/results/distributions-self-<machine>.json
+       -> table + benchmarks/results/distributions-self-<machine>.json (+ .png chart)
        python benchmarks/distributions.py --scale [--sizes 10000,...,10000000]
        -> table + benchmarks/results/scale-<machine>.json
 """
@@ -246,6 +246,7 @@ def self_join(sizes: list[int], names: list[str], quick: bool, out_dir: str) -> 
     path = os.path.join(out_dir, f"distributions-self-{platform.machine()}-{os.cpu_count()}cpu.json")
     with open(path, "w") as fh:
         json.dump({"meta": _meta(t0), "rows": rows}, fh, indent=1)
+    chart(rows, path[:-5] + ".png")
     print(f"-> {path}")
 
 
@@ -316,8 +317,9 @@ def chart(rows: list[dict], path: str) -> None:
     n = sizes[-1] if len(sizes) == 1 else sorted(sizes)[len(sizes) // 2]
     sel = [r for r in rows if r["n"] == n]
     names = [r["distribution"] for r in sel]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
-    for ax, op in zip(axes, ("knn", "radius")):
+    ops = [op for op in ("knn", "radius") if any(k.startswith(op + " ") for k in sel[0]["ms"])]
+    fig, axes = plt.subplots(1, len(ops), figsize=(6.5 * len(ops), 4.5), squeeze=False)
+    for ax, op in zip(axes[0], ops):
         keys = [k for k in sel[0]["ms"] if k.startswith(op + " ")]
         x = np.arange(len(names))
         for i, k in enumerate(keys):
@@ -330,7 +332,9 @@ def chart(rows: list[dict], path: str) -> None:
         ax.set_xticks(x, names, rotation=30, ha="right")
         ax.set_yscale("log")
         ax.set_ylabel("ms per call (log)")
-        ax.set_title(f"{'kNN, k = 7' if op == 'knn' else 'radius aggregation, F = 16'}: N = {n:,}, M = {n // 5:,}")
+        what = "radius aggregation, F = 16" if op == "radius" else "kNN, k = 7"
+        what = f"{what}, self-join" if sel[0]["m"] == n else what
+        ax.set_title(f"{what}: N = {n:,}, M = {sel[0]['m']:,}")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
