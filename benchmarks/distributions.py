@@ -242,16 +242,15 @@ def self_join(sizes: list[int], names: list[str], quick: bool, out_dir: str) -> 
                 f"{t.get('knn pykdtree', float('nan')):9.1f} {row['knn_vs_best_peer']:6.2f}x",
                 flush=True,
             )
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"distributions-self-{platform.machine()}-{os.cpu_count()}cpu.json")
-    with open(path, "w") as fh:
-        json.dump({"meta": _meta(t0), "rows": rows}, fh, indent=1)
+    path = save(out_dir, "distributions-self", rows, t0)
     chart(rows, path[:-5] + ".png")
     print(f"-> {path}")
 
 
-def _meta(t0: float) -> dict:
-    return {
+def save(out_dir: str, name: str, rows: list[dict], t0: float) -> str:
+    """Write ``rows`` and the run's date, machine, threads and duration (since ``t0``) to
+    ``out_dir/<name>-<machine>.json``; return its path."""
+    meta = {
         "date": date.today().isoformat(),
         "device": platform.machine(),
         "cpu_count": os.cpu_count(),
@@ -259,6 +258,11 @@ def _meta(t0: float) -> dict:
         "torch_threads": torch.get_num_threads(),
         "seconds": round(time.perf_counter() - t0, 1),
     }
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{name}-{platform.machine()}-{os.cpu_count()}cpu.json")
+    with open(path, "w") as fh:
+        json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+    return path
 
 
 def scale_one(name: str, n: int) -> dict:
@@ -287,6 +291,7 @@ def scale_one(name: str, n: int) -> dict:
 
 def scale(sizes: list[int], out_dir: str) -> None:
     rows = []
+    t0 = time.perf_counter()
     print(
         f"{'distribution':22s} {'N':>11s} {'M':>10s} | {'knn s':>7s} {'peak MiB':>9s} | {'radius step s':>13s} {'peak MiB':>9s}"
     )
@@ -299,12 +304,7 @@ def scale(sizes: list[int], out_dir: str) -> None:
                 f"{row['radius_step_s']:13.2f} {row['radius_step_peak_mib']:9.1f}",
                 flush=True,
             )
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"scale-{platform.machine()}-{os.cpu_count()}cpu.json")
-    meta = {"date": date.today().isoformat(), "device": platform.machine(), "cpu_count": os.cpu_count()}
-    with open(path, "w") as fh:
-        json.dump({"meta": meta, "rows": rows}, fh, indent=1)
-    print(f"-> {path}")
+    print(f"-> {save(out_dir, 'scale', rows, t0)}")
 
 
 def chart(rows: list[dict], path: str) -> None:
@@ -381,10 +381,7 @@ def main() -> None:
                 f"{t['radius warpbridge']:12.1f} {t['radius cKDTree + torch']:13.1f} {row['radius_vs_best_peer']:5.1f}x",
                 flush=True,
             )
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"distributions-{platform.machine()}-{os.cpu_count()}cpu.json")
-    with open(path, "w") as fh:
-        json.dump({"meta": _meta(t0), "rows": rows}, fh, indent=1)
+    path = save(args.out, "distributions", rows, t0)
     chart(rows, path[:-5] + ".png")
     print(f"-> {path}")
 
