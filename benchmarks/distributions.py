@@ -227,22 +227,34 @@ def self_one(name: str, n: int, repeat: int) -> dict:
     return row
 
 
-def self_join(sizes: list[int], names: list[str], quick: bool, out_dir: str) -> None:
+def distributions(sizes: list[int], names: list[str], quick: bool, out_dir: str, self_join: bool) -> None:
+    """Every distribution at every size, a table row each, then the JSON and the chart: queries
+    near the points (``run_one``), or the points themselves (``self_one``)."""
+    knn = f"{'distribution':24s} {'N = M' if self_join else 'N':>9s} | {'knn: ours':>10s} {'cKDTree':>9s} "
+    knn += f"{'pykdtree':>9s} {'x best':>7s}"
+    print(knn if self_join else f"{knn} | {'radius: ours':>12s} {'cKDTree+torch':>13s} {'x':>6s}")
     rows = []
-    print(f"{'distribution':24s} {'N = M':>9s} | {'knn: ours':>10s} {'cKDTree':>9s} {'pykdtree':>9s} {'x best':>7s}")
     t0 = time.perf_counter()
     for n in sizes:
-        repeat = 3 if quick else max(3, min(101, int(1e6 // n)))
+        # Medians of 101 calls at 10^4 points (one call is 1-15 ms), 30 at 10^5, 3 at 10^6: with
+        # 15 at 10^4 a single stall of the machine moved a row by 20%. A self-join has 5x the
+        # queries: 100 calls at 10^4, 10 at 10^5.
+        repeat = 3 if quick else max(3, min(101, int((1e6 if self_join else 3e6) // n)))
         for name in names:
-            row = self_one(name, n, repeat)
+            row = self_one(name, n, repeat) if self_join else run_one(name, n, repeat)
             rows.append(row)
             t = row["ms"]
-            print(
+            line = (
                 f"{name:24s} {n:9,d} | {t['knn warpbridge']:10.1f} {t['knn cKDTree']:9.1f} "
-                f"{t.get('knn pykdtree', float('nan')):9.1f} {row['knn_vs_best_peer']:6.2f}x",
-                flush=True,
+                f"{t.get('knn pykdtree', float('nan')):9.1f} {row['knn_vs_best_peer']:6.2f}x"
             )
-    path = save(out_dir, "distributions-self", rows, t0)
+            if not self_join:
+                line += (
+                    f" | {t['radius warpbridge']:12.1f} {t['radius cKDTree + torch']:13.1f} "
+                    f"{row['radius_vs_best_peer']:5.1f}x"
+                )
+            print(line, flush=True)
+    path = save(out_dir, "distributions-self" if self_join else "distributions", rows, t0)
     chart(rows, path[:-5] + ".png")
     print(f"-> {path}")
 
@@ -358,32 +370,7 @@ def main() -> None:
         return
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     names = args.only.split(",") if args.only else list(DISTRIBUTIONS)
-    if args.self:
-        self_join(sizes, names, args.quick, args.out)
-        return
-    rows = []
-    print(
-        f"{'distribution':24s} {'N':>9s} | {'knn: ours':>10s} {'cKDTree':>9s} {'pykdtree':>9s} {'x best':>7s} | "
-        f"{'radius: ours':>12s} {'cKDTree+torch':>13s} {'x':>6s}"
-    )
-    t0 = time.perf_counter()
-    for n in sizes:
-        # Medians of 101 calls at 10^4 points (one call is 1-15 ms), 30 at 10^5, 3 at 10^6: with
-        # 15 at 10^4 a single stall of the machine moved a row by 20%.
-        repeat = 3 if args.quick else max(3, min(101, int(3e6 // n)))
-        for name in names:
-            row = run_one(name, n, repeat)
-            rows.append(row)
-            t = row["ms"]
-            print(
-                f"{name:24s} {n:9,d} | {t['knn warpbridge']:10.1f} {t['knn cKDTree']:9.1f} "
-                f"{t.get('knn pykdtree', float('nan')):9.1f} {row['knn_vs_best_peer']:6.2f}x | "
-                f"{t['radius warpbridge']:12.1f} {t['radius cKDTree + torch']:13.1f} {row['radius_vs_best_peer']:5.1f}x",
-                flush=True,
-            )
-    path = save(args.out, "distributions", rows, t0)
-    chart(rows, path[:-5] + ".png")
-    print(f"-> {path}")
+    distributions(sizes, names, args.quick, args.out, args.self)
 
 
 if __name__ == "__main__":
