@@ -93,14 +93,14 @@ _VEC4 = {wp.float32: wp.vec4f, wp.float64: wp.vec4d}
 
 
 def _groups_of_4(a: wp.array) -> wp.array:
-    """An (R, F) array with packed rows seen as (R, F / 4) vectors of 4; empty unless
-    F % 4 == 0 (the kernels then take the scalar path)."""
+    """An (..., F) array with packed rows seen as (..., F / 4) vectors of 4; empty unless
+    F % 4 == 0 and the rows are packed (the kernels then take the scalar path)."""
     v4 = _VEC4[a.dtype]
-    rows, f = a.shape
-    if f == 0 or f % 4 or rows == 0 or a.strides[1] != wp.types.type_size_in_bytes(a.dtype):
-        return _nothing((0, 0), v4, a.device)
+    *outer, f = a.shape
+    if f == 0 or f % 4 or 0 in outer or a.strides[-1] != wp.types.type_size_in_bytes(a.dtype):
+        return _nothing((0,) * a.ndim, v4, a.device)
     return wp.array(
-        ptr=a.ptr, dtype=v4, shape=(rows, f // 4), strides=(a.strides[0], 4 * a.strides[1]), device=a.device
+        ptr=a.ptr, dtype=v4, shape=(*outer, f // 4), strides=(*a.strides[:-1], 4 * a.strides[-1]), device=a.device
     )
 
 
@@ -231,6 +231,12 @@ def _knn_aggregate_backward(k, query, ref, features, sigma, out, dist, idx, quer
     r_slots, f_slots = _thread_copies(dr, slots, needs[1]), _thread_copies(df, slots, needs[2])
     before = [query, ref, features, dist, idx, sigma, out, grad, *(int(x) for x in needs), queries]
     after = [dq, dr, df, r_slots, f_slots]
+    # groups of 4 only where every array the feature terms touch has them
+    fours = [_groups_of_4(a) for a in (features, grad, df, f_slots)]
+    wanted = fours[:2] + (fours[2:] if needs[2] and slots > 1 else fours[2:3] if needs[2] else [])
+    if any(a.size == 0 for a in wanted):
+        fours = [_nothing((0,) * a.ndim, a.dtype, device) for a in fours]
+    after += fours
     _core.launch_queries(k.knn_aggregate_backward, m, slots, before, after, device, None, scatter=True)
     _add_copies(r_slots, dr)
     _add_copies(f_slots, df)
