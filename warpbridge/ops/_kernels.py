@@ -107,6 +107,18 @@ def kernels(scalar: Any) -> Any:
             y[i, f] = y[i, f] + a * x[j, f]
 
     @func
+    def atomic_axpy(y: wp.array2d(dtype=T), j: int, a: T, x: wp.array2d(dtype=T), i: int):
+        # y[j] += a x[i], atomically per element (queries on CUDA share rows of y)
+        for f in range(x.shape[1]):
+            wp.atomic_add(y, j, f, a * x[i, f])
+
+    @func
+    def atomic_axpy4(y: wp.array2d(dtype=V4), j: int, a: T, x: wp.array2d(dtype=V4), i: int):
+        # the same over rows seen as groups of 4
+        for f in range(x.shape[1]):
+            wp.atomic_add(y, j, f, a * x[i, f])
+
+    @func
     def row_scale(y: wp.array2d(dtype=T), i: int, a: T, n: int):
         for f in range(n):
             y[i, f] = y[i, f] * a
@@ -1206,17 +1218,13 @@ def kernels(scalar: Any) -> Any:
                     if need_features != 0:
                         if n4 > 0:
                             if offset == 0:
-                                for f in range(n4):
-                                    wp.atomic_add(d_features4, j, f, p * grad4[i, f])
+                                atomic_axpy4(d_features4, j, p, grad4, i)
                             else:
-                                for f in range(n4):
-                                    wp.atomic_add(feature_slots4, offset - 1, j, f, p * grad4[i, f])
+                                atomic_axpy4(feature_slots4[offset - 1], j, p, grad4, i)
                         elif offset == 0:
-                            for f in range(nf):
-                                wp.atomic_add(d_features, j, f, p * grad[i, f])
+                            atomic_axpy(d_features, j, p, grad, i)
                         else:
-                            for f in range(nf):
-                                wp.atomic_add(feature_slots, offset - 1, j, f, p * grad[i, f])
+                            atomic_axpy(feature_slots[offset - 1], j, p, grad, i)
                     if need_query != 0 or need_ref != 0:
                         diff = q - ref[j]
                         d = norm(diff)
