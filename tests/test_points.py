@@ -299,13 +299,15 @@ PATHS = [
 ]
 
 
+@pytest.mark.parametrize("nf", [3, 4], ids=["F=3", "F=4"])
 @pytest.mark.parametrize("path", PATHS)
-def test_radius_backward_paths_agree(path, monkeypatch):
+def test_radius_backward_paths_agree(path, nf, monkeypatch):
     """Every backward path gives the same gradients, checked in float64 against the dense
     formula: the CPU's one pass (each thread adding into its own copy of the reference-side
     gradients) over the neighbours the forward listed, or searching again for a query with
     more than it lists; the pair list (CPU, when those copies would not fit); and the two
-    searches (CUDA, or more pairs than the budget), with CUDA's trees too."""
+    searches (CUDA, or more pairs than the budget), with CUDA's trees too. With F = 4 the
+    feature terms go 4 at a time, with F = 3 one by one."""
     from warpbridge.ops import _run
 
     grids, passes = [], []
@@ -333,11 +335,11 @@ def test_radius_backward_paths_agree(path, monkeypatch):
         real_order = _core.query_order
         monkeypatch.setattr(_core, "query_order", lambda *a: ordered.append(a[1].shape[0]) or real_order(*a))
     if path == "one pass, searching again":  # every reference point within the radius of every query
-        q, r, f = clouds(30, 2 * _run.LISTED, 3, seed=21)
+        q, r, f = clouds(30, 2 * _run.LISTED, nf, seed=21)
         radius = 100.0
         assert torch.cdist(q, r).max() < radius
     else:
-        q, r, f = clouds(60, 80, 3, seed=21)
+        q, r, f = clouds(60, 80, nf, seed=21)
         radius = 0.5
         q = away_from_cutoff(q, r, radius)
     ins = [t.clone().requires_grad_() for t in (q, r, f)]

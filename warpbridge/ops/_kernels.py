@@ -119,6 +119,14 @@ def kernels(scalar: Any) -> Any:
             wp.atomic_add(y, j, f, a * x[i, f])
 
     @func
+    def dot4(x: wp.array2d(dtype=V4), i: int, y: wp.array2d(dtype=V4), j: int) -> T:
+        # x[i] . y[j] over rows seen as groups of 4
+        acc = T(0.0)
+        for f in range(x.shape[1]):
+            acc += wp.dot(x[i, f], y[j, f])
+        return acc
+
+    @func
     def row_scale(y: wp.array2d(dtype=T), i: int, a: T, n: int):
         for f in range(n):
             y[i, f] = y[i, f] * a
@@ -848,20 +856,35 @@ def kernels(scalar: Any) -> Any:
         d_features: wp.array2d(dtype=T),
         ref_slots: wp.array2d(dtype=V),
         feature_slots: wp.array3d(dtype=T),
+        features4: wp.array2d(dtype=V4),
+        grad4: wp.array2d(dtype=V4),
+        d_features4: wp.array2d(dtype=V4),
+        feature_slots4: wp.array3d(dtype=V4),
     ) -> T:
         # One pair (query i, the point at tree place s): returns c with dL/dq_i += c diff and
         # dL/dr_j -= c diff. With `scatter`, adds the reference side's terms into thread
         # `slot`'s copy (slot 0: the gradients themselves); with pair arrays, records the pair
-        # at place k.
+        # at place k. The *4 arrays, when not empty, view the feature rows as groups of 4.
         j = order[s]
         nf = features.shape[1]
+        n4 = grad4.shape[1]
         p = wp.exp((nearest - d) / sigma) * inv
         c = T(0.0)
         if geometry != 0 and d > T(0.0):
-            c = p * (go - row_dot(grad, i, features, j, nf)) / (sigma * d)
+            g_f = T(0.0)
+            if n4 > 0:
+                g_f = dot4(grad4, i, features4, j)
+            else:
+                g_f = row_dot(grad, i, features, j, nf)
+            c = p * (go - g_f) / (sigma * d)
         if scatter != 0:
             if need_features != 0:
-                if slot == 0:
+                if n4 > 0:
+                    if slot == 0:
+                        atomic_axpy4(d_features4, j, p, grad4, i)
+                    else:
+                        atomic_axpy4(feature_slots4[slot - 1], j, p, grad4, i)
+                elif slot == 0:
                     row_axpy(d_features, j, p, grad, i, nf)
                 else:
                     row_axpy(feature_slots[slot - 1], j, p, grad, i, nf)
@@ -910,6 +933,10 @@ def kernels(scalar: Any) -> Any:
         d_features: wp.array2d(dtype=T),
         ref_slots: wp.array2d(dtype=V),
         feature_slots: wp.array3d(dtype=T),
+        features4: wp.array2d(dtype=V4),
+        grad4: wp.array2d(dtype=V4),
+        d_features4: wp.array2d(dtype=V4),
+        feature_slots4: wp.array3d(dtype=V4),
     ):
         # The queries' gradient over each query's neighbours: the ones the forward listed, or a
         # search of the tree for a query with more. Besides, by the arrays it is given:
@@ -948,7 +975,7 @@ def kernels(scalar: Any) -> Any:
                 cd = backward_pair(
                     i, s, k, diff, norm(diff), nearest, inv, go, sigma, order, features, grad, geometry,
                     need_ref, need_features, scatter, offset, pair_query, pair_ref, pair_p, pair_c,
-                    d_ref, d_features, ref_slots, feature_slots,
+                    d_ref, d_features, ref_slots, feature_slots, features4, grad4, d_features4, feature_slots4,
                 )  # fmt: skip
                 dq += diff * cd
                 k += 1
@@ -976,7 +1003,8 @@ def kernels(scalar: Any) -> Any:
                         cd = backward_pair(
                             i, s, k, diff, d, nearest, inv, go, sigma, order, features, grad, geometry,
                             need_ref, need_features, scatter, offset, pair_query, pair_ref, pair_p, pair_c,
-                            d_ref, d_features, ref_slots, feature_slots,
+                            d_ref, d_features, ref_slots, feature_slots, features4, grad4, d_features4,
+                            feature_slots4,
                         )  # fmt: skip
                         dq += diff * cd
                         k += 1
@@ -1231,8 +1259,7 @@ def kernels(scalar: Any) -> Any:
                         if d > T(0.0):
                             g_f = T(0.0)
                             if n4 > 0:
-                                for f in range(n4):
-                                    g_f += wp.dot(grad4[i, f], features4[j, f])
+                                g_f = dot4(grad4, i, features4, j)
                             else:
                                 g_f = row_dot(grad, i, features, j, nf)
                             v = diff * (p * (g_out - g_f) / (sigma * d))

@@ -104,6 +104,21 @@ def _groups_of_4(a: wp.array) -> wp.array:
     )
 
 
+def _fours(features: wp.array, grad: wp.array, d_features: Any, feature_slots: Any) -> list:
+    """Groups-of-4 views of the feature rows a backward reads and adds into (``d_features``,
+    ``feature_slots``: None where it adds nothing there), for its kernel's *4 arguments: all
+    of them where every one it uses has them (F % 4 == 0, packed rows), else all empty (the
+    kernel then takes the scalar path)."""
+    V4 = _VEC4[features.dtype]
+    fours = [_groups_of_4(features), _groups_of_4(grad)]
+    fours += [_nothing((0, 0), V4, features.device) if d_features is None else _groups_of_4(d_features)]
+    fours += [_nothing((0, 0, 0), V4, features.device) if feature_slots is None else _groups_of_4(feature_slots)]
+    used = fours[:2] + [f for f, a in zip(fours[2:], (d_features, feature_slots)) if a is not None]
+    if any(f.size == 0 for f in used):
+        return [_nothing((0,) * f.ndim, V4, features.device) for f in fours]
+    return fours
+
+
 _NOTHING: dict = {}
 
 
@@ -175,6 +190,8 @@ def _radius_backward(
     before = [query, features, *tree, radius, sigma, out, stats, neighbours, grad, *(int(x) for x in needs)]
     before += [int(one_pass), offsets, queries]
     after = [g_out, dq, pq, pr, pp, pc, dr, df, r_slots, f_slots]
+    scatters = one_pass and needs[2]
+    after += _fours(features, grad, df if scatters else None, f_slots if scatters and copies > 1 else None)
     # one pass: threads own fixed queries (scatter launch), so the copies' sums are deterministic
     _core.launch_queries(k.radius_backward_query, m, slots, before, after, device, None, scatter=one_pass)
     _add_copies(r_slots, dr)
@@ -231,12 +248,7 @@ def _knn_aggregate_backward(k, query, ref, features, sigma, out, dist, idx, quer
     r_slots, f_slots = _thread_copies(dr, slots, needs[1]), _thread_copies(df, slots, needs[2])
     before = [query, ref, features, dist, idx, sigma, out, grad, *(int(x) for x in needs), queries]
     after = [dq, dr, df, r_slots, f_slots]
-    # groups of 4 only where every array the feature terms touch has them
-    fours = [_groups_of_4(a) for a in (features, grad, df, f_slots)]
-    wanted = fours[:2] + (fours[2:] if needs[2] and slots > 1 else fours[2:3] if needs[2] else [])
-    if any(a.size == 0 for a in wanted):
-        fours = [_nothing((0,) * a.ndim, a.dtype, device) for a in fours]
-    after += fours
+    after += _fours(features, grad, df if needs[2] else None, f_slots if needs[2] and slots > 1 else None)
     _core.launch_queries(k.knn_aggregate_backward, m, slots, before, after, device, None, scatter=True)
     _add_copies(r_slots, dr)
     _add_copies(f_slots, df)
