@@ -680,12 +680,16 @@ def kernels(scalar: Any) -> Any:
         out: wp.array2d(dtype=T),
         stats: wp.array2d(dtype=T),
         neighbours: wp.array2d(dtype=wp.int32),
+        features4: wp.array2d(dtype=V4),
+        out4: wp.array2d(dtype=V4),
     ):
         # `neighbours` keeps the first neighbours' places in the tree (as many as fit) for the
-        # CPU backward, which then needs no search for the queries that have no more.
+        # CPU backward, which then needs no search for the queries that have no more. The *4
+        # arrays, when not empty, view the feature rows as groups of 4.
         i = query_at(wp.tid() * stride + offset, queries)
         q = query[i]
         nf = features.shape[1]
+        n4 = out4.shape[1]
         listed = neighbours.shape[1]
         for f in range(nf):
             out[i, f] = T(0.0)
@@ -728,7 +732,11 @@ def kernels(scalar: Any) -> Any:
                             if found != 0:
                                 scale = wp.exp((d - nearest) / sigma)
                             total = total * scale
-                            row_scale(out, i, scale, nf)
+                            if n4 > 0:
+                                for f in range(n4):
+                                    out4[i, f] = out4[i, f] * scale
+                            else:
+                                row_scale(out, i, scale, nf)
                             nearest = d
                             found = 1
                         w = wp.exp((nearest - d) / sigma)
@@ -736,7 +744,11 @@ def kernels(scalar: Any) -> Any:
                         if count < listed:
                             neighbours[i, count] = s
                         count += 1
-                        row_axpy(out, i, w, features, j, nf)
+                        if n4 > 0:
+                            for f in range(n4):
+                                out4[i, f] = out4[i, f] + w * features4[j, f]
+                        else:
+                            row_axpy(out, i, w, features, j, nf)
         if found != 0:
             row_scale(out, i, T(1.0) / total, nf)
         stats[i, 0] = total

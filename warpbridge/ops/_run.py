@@ -105,10 +105,10 @@ def _groups_of_4(a: wp.array) -> wp.array:
 
 
 def _fours(features: wp.array, grad: wp.array, d_features: Any, feature_slots: Any) -> list:
-    """Groups-of-4 views of the feature rows a backward reads and adds into (``d_features``,
-    ``feature_slots``: None where it adds nothing there), for its kernel's *4 arguments: all
-    of them where every one it uses has them (F % 4 == 0, packed rows), else all empty (the
-    kernel then takes the scalar path)."""
+    """Groups-of-4 views of the feature rows a kernel reads and adds into: ``features``,
+    ``grad`` (or the forward's ``out``), ``d_features`` and ``feature_slots`` (None where it
+    adds nothing there), for its *4 arguments. All of them where every one it uses has them
+    (F % 4 == 0, packed rows), else all empty: the kernel then takes the scalar path."""
     V4 = _VEC4[features.dtype]
     fours = [_groups_of_4(features), _groups_of_4(grad)]
     fours += [_nothing((0, 0), V4, features.device) if d_features is None else _groups_of_4(d_features)]
@@ -151,7 +151,8 @@ def _radius_forward(k, query, ref, features, radius, sigma, out, stats, neighbou
     _tree(k, ref, tree)
     _core.query_order(k, query, tree, queries, query.device, None, ref)
     before = [query, features, *tree, radius, sigma, queries]
-    _launch(k.radius_forward, query.shape[0], before, [out, stats, neighbours], query.device)
+    fours = _fours(features, out, None, None)[:2]
+    _launch(k.radius_forward, query.shape[0], before, [out, stats, neighbours, *fours], query.device)
 
 
 def _radius_backward(
