@@ -360,8 +360,9 @@ def test_radius_backward_paths_agree(path, nf, monkeypatch):
 # -- threads, determinism, non-finite input -----------------------------------------------
 
 
-def test_threads_agree_and_results_are_deterministic():
-    q, r, f = clouds(3000, 2000, 4, torch.float32, seed=15)
+@pytest.mark.parametrize("nf", [4, 5], ids=["F=4", "F=5"])  # feature terms 4 at a time, one by one
+def test_threads_agree_and_results_are_deterministic(nf):
+    q, r, f = clouds(3000, 2000, nf, torch.float32, seed=15)
     ins = [t.clone().requires_grad_() for t in (q, r, f)]
     results = {}
     try:

@@ -119,6 +119,44 @@ def kernels(scalar: Any) -> Any:
             wp.atomic_add(y, j, f, a * x[i, f])
 
     @func
+    def add_feature_row(
+        p: T, i: int, j: int, slot: int, atomic: int,
+        grad: wp.array2d(dtype=T), grad4: wp.array2d(dtype=V4),
+        d_features: wp.array2d(dtype=T), d_features4: wp.array2d(dtype=V4),
+        feature_slots: wp.array3d(dtype=T), feature_slots4: wp.array3d(dtype=V4),
+    ):  # fmt: skip
+        # Row j of the features' gradient += p grad[i]: the gradient itself (slot 0) or thread
+        # slot's copy; 4 at a time where the *4 views are not empty; with atomics where other
+        # threads may add to the same row (CUDA), else the unrolled row_axpy.
+        if grad4.shape[1] > 0:
+            if slot == 0:
+                atomic_axpy4(d_features4, j, p, grad4, i)
+            else:
+                atomic_axpy4(feature_slots4[slot - 1], j, p, grad4, i)
+        elif atomic != 0:
+            if slot == 0:
+                atomic_axpy(d_features, j, p, grad, i)
+            else:
+                atomic_axpy(feature_slots[slot - 1], j, p, grad, i)
+        elif slot == 0:
+            row_axpy(d_features, j, p, grad, i, grad.shape[1])
+        else:
+            row_axpy(feature_slots[slot - 1], j, p, grad, i, grad.shape[1])
+
+    @func
+    def feature_dot(
+        grad: wp.array2d(dtype=T), grad4: wp.array2d(dtype=V4), i: int,
+        features: wp.array2d(dtype=T), features4: wp.array2d(dtype=V4), j: int,
+    ) -> T:  # fmt: skip
+        # grad[i] . features[j], 4 at a time where the *4 views are not empty
+        acc = T(0.0)
+        if grad4.shape[1] > 0:
+            acc = dot4(grad4, i, features4, j)
+        else:
+            acc = row_dot(grad, i, features, j, grad.shape[1])
+        return acc
+
+    @func
     def dot4(x: wp.array2d(dtype=V4), i: int, y: wp.array2d(dtype=V4), j: int) -> T:
         # x[i] . y[j] over rows seen as groups of 4
         acc = T(0.0)
@@ -878,28 +916,14 @@ def kernels(scalar: Any) -> Any:
         # `slot`'s copy (slot 0: the gradients themselves); with pair arrays, records the pair
         # at place k. The *4 arrays, when not empty, view the feature rows as groups of 4.
         j = order[s]
-        nf = features.shape[1]
-        n4 = grad4.shape[1]
         p = wp.exp((nearest - d) / sigma) * inv
         c = T(0.0)
         if geometry != 0 and d > T(0.0):
-            g_f = T(0.0)
-            if n4 > 0:
-                g_f = dot4(grad4, i, features4, j)
-            else:
-                g_f = row_dot(grad, i, features, j, nf)
-            c = p * (go - g_f) / (sigma * d)
+            c = p * (go - feature_dot(grad, grad4, i, features, features4, j)) / (sigma * d)
         if scatter != 0:
             if need_features != 0:
-                if n4 > 0:
-                    if slot == 0:
-                        atomic_axpy4(d_features4, j, p, grad4, i)
-                    else:
-                        atomic_axpy4(feature_slots4[slot - 1], j, p, grad4, i)
-                elif slot == 0:
-                    row_axpy(d_features, j, p, grad, i, nf)
-                else:
-                    row_axpy(feature_slots[slot - 1], j, p, grad, i, nf)
+                # CPU only (scatter): each thread adds into its own copy, no atomics needed
+                add_feature_row(p, i, j, slot, 0, grad, grad4, d_features, d_features4, feature_slots, feature_slots4)
             if need_ref != 0:
                 if slot == 0:
                     d_ref[j] = d_ref[j] - diff * c
@@ -1239,7 +1263,6 @@ def kernels(scalar: Any) -> Any:
         # feature terms then go 4 at a time.
         i = query_at(wp.tid() * stride + offset, queries)
         nf = features.shape[1]
-        n4 = grad4.shape[1]
         nearest = dist[i, 0]
         total = T(0.0)
         for n in range(idx.shape[1]):
@@ -1256,24 +1279,14 @@ def kernels(scalar: Any) -> Any:
                     j = int(j64)
                     p = wp.exp((nearest - dist[i, n]) / sigma) * inv
                     if need_features != 0:
-                        if n4 > 0:
-                            if offset == 0:
-                                atomic_axpy4(d_features4, j, p, grad4, i)
-                            else:
-                                atomic_axpy4(feature_slots4[offset - 1], j, p, grad4, i)
-                        elif offset == 0:
-                            atomic_axpy(d_features, j, p, grad, i)
-                        else:
-                            atomic_axpy(feature_slots[offset - 1], j, p, grad, i)
+                        add_feature_row(
+                            p, i, j, offset, 1, grad, grad4, d_features, d_features4, feature_slots, feature_slots4
+                        )
                     if need_query != 0 or need_ref != 0:
                         diff = q - ref[j]
                         d = norm(diff)
                         if d > T(0.0):
-                            g_f = T(0.0)
-                            if n4 > 0:
-                                g_f = dot4(grad4, i, features4, j)
-                            else:
-                                g_f = row_dot(grad, i, features, j, nf)
+                            g_f = feature_dot(grad, grad4, i, features, features4, j)
                             v = diff * (p * (g_out - g_f) / (sigma * d))
                             dq += v
                             if need_ref != 0:
