@@ -149,6 +149,33 @@ def test_tree_is_a_median_split_by_planes(name, by_sort):
         assert (lo[leaves + leaf] == p.min(0)).all() and (hi[leaves + leaf] == p.max(0)).all()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", ["uniform", "20 tight clusters", "points along a line", "duplicated points"])
+def test_a_packed_build_makes_the_same_tree(name, dtype, monkeypatch):
+    """The CPU build splits subtrees that fit a thread's scratch as records of point and index,
+    with a native partition (``partition_items``), and the levels above in place: the same
+    steps, so the same tree bit for bit, whatever the room and the thread count."""
+    import numpy as np
+    import warp as wp
+
+    from warpbridge.ops import _core, _run
+
+    r, _ = D.make(name, 3000)
+    k = _core.kernels_for(dtype, wp.get_device("cpu"))
+    points = wp.from_numpy(r.astype(dtype), dtype=k.V)
+    trees = {}
+    for threads in (1, 2):
+        # 0: every level in place; 50: in place down to the nodes of at most 50 points
+        for room in (0, 50, _core.ITEMS_ROOM):
+            monkeypatch.setattr(_core, "ITEMS_ROOM", room)
+            monkeypatch.setattr(_core, "_num_threads", threads)
+            trees[threads, room] = [a.numpy().copy() for a in _run._tree(k, points)]
+    first = trees[1, 0]
+    assert sorted(first[0].tolist()) == list(range(len(r)))
+    for key, tree in trees.items():
+        assert all(np.array_equal(a, b) for a, b in zip(first, tree)), key
+
+
 def _morton_keys(q, sorted_points, root, bits, sample):
     """Morton codes as ``query_box`` and ``query_keys`` define them, computed here with NumPy
     in float32. The box: from ``sample`` of the tree's points, evenly spread over its order,

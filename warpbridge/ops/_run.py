@@ -62,7 +62,7 @@ def _scratch(shape: Any, dtype: Any, device: Any) -> wp.array:
     """Uninitialised scratch; the shared empty array when it would hold nothing."""
     dims = shape if isinstance(shape, tuple) else (shape,)
     if 0 in dims:
-        return _nothing(dims, dtype, device)
+        return _core.nothing(dims, dtype, device)
     return wp.empty(dims, dtype=dtype, device=device)
 
 
@@ -75,7 +75,7 @@ def _thread_copies(a: wp.array, slots: int, needed: bool) -> wp.array:
     """Zeroed copies of the gradient ``a`` for threads 1 .. slots - 1 of a pass that adds
     into per-thread copies (thread 0 adds into ``a`` itself); empty when not ``needed``."""
     shape = (slots - 1, *(a.shape if needed else (0,) * a.ndim))
-    return _nothing(shape, a.dtype, a.device) if 0 in shape else wp.zeros(shape, dtype=a.dtype, device=a.device)
+    return _core.nothing(shape, a.dtype, a.device) if 0 in shape else wp.zeros(shape, dtype=a.dtype, device=a.device)
 
 
 def _add_copies(copies: wp.array, into: wp.array) -> None:
@@ -98,7 +98,7 @@ def _groups_of_4(a: wp.array) -> wp.array:
     v4 = _VEC4[a.dtype]
     *outer, f = a.shape
     if f == 0 or f % 4 or 0 in outer or a.strides[-1] != wp.types.type_size_in_bytes(a.dtype):
-        return _nothing((0,) * a.ndim, v4, a.device)
+        return _core.nothing((0,) * a.ndim, v4, a.device)
     return wp.array(
         ptr=a.ptr, dtype=v4, shape=(*outer, f // 4), strides=(*a.strides[:-1], 4 * a.strides[-1]), device=a.device
     )
@@ -111,25 +111,12 @@ def _fours(features: wp.array, grad: wp.array, d_features: Any, feature_slots: A
     (F % 4 == 0, packed rows), else all empty: the kernel then takes the scalar path."""
     V4 = _VEC4[features.dtype]
     fours = [_groups_of_4(features), _groups_of_4(grad)]
-    fours += [_nothing((0, 0), V4, features.device) if d_features is None else _groups_of_4(d_features)]
-    fours += [_nothing((0, 0, 0), V4, features.device) if feature_slots is None else _groups_of_4(feature_slots)]
+    fours += [_core.nothing((0, 0), V4, features.device) if d_features is None else _groups_of_4(d_features)]
+    fours += [_core.nothing((0, 0, 0), V4, features.device) if feature_slots is None else _groups_of_4(feature_slots)]
     used = fours[:2] + [f for f, a in zip(fours[2:], (d_features, feature_slots)) if a is not None]
     if any(f.size == 0 for f in used):
-        return [_nothing((0,) * f.ndim, V4, features.device) for f in fours]
+        return [_core.nothing((0,) * f.ndim, V4, features.device) for f in fours]
     return fours
-
-
-_NOTHING: dict = {}
-
-
-def _nothing(shape: tuple, dtype: Any, device: Any) -> wp.array:
-    """A shared empty array (nothing to read or write, so any call may pass the same one): an
-    allocation less per placeholder (~5 us each on a small call)."""
-    key = (shape, dtype, device.alias)
-    a = _NOTHING.get(key)
-    if a is None:
-        a = _NOTHING[key] = wp.empty(shape, dtype=dtype, device=device)
-    return a
 
 
 def _pair_count(k: Any, stats: wp.array, m: int) -> tuple[int, wp.array]:
@@ -224,7 +211,7 @@ def _knn_forward(k, query, ref, kk, dist, idx, queries, features=None, sigma=1.0
     tree = _tree(k, ref)
     device = query.device
     if features is None:
-        features = out = _nothing((0, 0), k.T, device)
+        features = out = _core.nothing((0, 0), k.T, device)
     _core.query_order(k, query, tree, queries, device, None, ref)
     before = [query, *tree, kk, features, _groups_of_4(features), sigma, queries]
     _launch(k.knn_search, query.shape[0], before, [dist, idx, out, _groups_of_4(out)], device)
