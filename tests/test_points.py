@@ -315,7 +315,7 @@ def test_radius_backward_paths_agree(path, nf, monkeypatch):
     by_sort = {"by_sort": True} if path.endswith("by sort") else {}
     sorted_levels = []
     real_sort = _core._split_by_sort
-    monkeypatch.setattr(_core, "_split_by_sort", lambda *a: sorted_levels.append(a[4]) or real_sort(*a))
+    monkeypatch.setattr(_core, "_split_by_sort", lambda *a: sorted_levels.append(a[3]) or real_sort(*a))
     monkeypatch.setattr(
         _core, "build_tree", lambda *a, **k: grids.append(a[1].shape[0]) or real_tree(*a, **k, **by_sort)
     )

@@ -288,9 +288,9 @@ def build_tree(
     On the CPU the top levels are split one level per launch (the threads share a level's
     nodes); below, one thread builds each subtree down to its leaves and back up, from nodes
     of at most ITEMS_ROOM points on in its own scratch of (point, index) records (1.35-1.45x
-    faster builds, for 2 MiB of scratch); the top levels' boxes are merged last. On CUDA (``by_sort``, default: not the CPU) every level is
-    split by sorting all points at once (``_split_by_sort``), and one thread per leaf takes
-    its box.
+    faster builds, for 2 MiB of scratch); the top levels' boxes are merged last. On CUDA
+    (``by_sort``, default: not the CPU) every level is split by sorting all points at once
+    (``_split_by_sort``), and one thread per leaf takes its box.
     """
     order, sorted_points, lo, hi, min_index = tree
     n = points.shape[0]
@@ -312,7 +312,7 @@ def build_tree(
     items = kept("tree_items", (slots * room,), k.Item, device) if room else nothing((0,), k.Item, device)
     before = [sorted_points, order, items]
     if by_sort:
-        _split_by_sort(k, sorted_points, order, items, depth, device, stream)
+        _split_by_sort(k, sorted_points, order, depth, device, stream)
     else:
         for level in range(top):
             width = 1 << level
@@ -403,9 +403,7 @@ def _on(stream: Any) -> Any:
     return wp.ScopedStream(stream) if stream is not None else contextlib.nullcontext()
 
 
-def _split_by_sort(
-    k: Any, pts: wp.array, order: wp.array, items: wp.array, levels: int, device: Any, stream: Any
-) -> None:
+def _split_by_sort(k: Any, pts: wp.array, order: wp.array, levels: int, device: Any, stream: Any) -> None:
     """Split ``levels`` levels of the tree, each by two stable radix sorts of all N points:
     by the coordinate along their node's axis, then by node (see ``tree_keys``). A quickselect
     per node would leave the top levels to a few GPU threads, each walking up to N points;
@@ -416,6 +414,7 @@ def _split_by_sort(
     keys = wp.empty(2 * n, dtype=k.T, device=device)  # the sorts need room for 2N
     places, nodes, by_node = (wp.empty(2 * n, dtype=wp.int32, device=device) for _ in range(3))
     axes = wp.empty(1 << (levels - 1), dtype=wp.int32, device=device)
+    items = nothing((0,), k.Item, device)  # split_axis reads the points in place
     pts_out, order_out = wp.empty_like(pts), wp.empty_like(order)
     with _on(stream):
         for level in range(levels):

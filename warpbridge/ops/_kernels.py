@@ -97,7 +97,7 @@ def kernels(scalar: Any) -> Any:
 
     Item.__qualname__ = f"Item_{T.__name__}"
     Item = wp.struct(Item, module=module)
-    if ctypes.sizeof(Item.ctype) != 4 * ctypes.sizeof(V._wp_scalar_type_._type_):
+    if ctypes.sizeof(Item.ctype) != 4 * wp.types.type_size_in_bytes(T):
         raise RuntimeError("warpbridge: unexpected layout of the kd-tree build's records")
 
     def kernel(f):
