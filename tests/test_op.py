@@ -112,6 +112,22 @@ def test_gradcheck_multi_kernel_function():
     assert torch.autograd.gradcheck(op, (x, k))
 
 
+
+def test_a_launch_function_gets_views_of_each_calls_own_buffers():
+    """The forward's array views are kept per plan by position and pointer
+    (``_functions._function_args``): every call still reads its own inputs and writes its own
+    outputs, and the kept views stay bounded."""
+    from warpbridge import _functions
+
+    op = wb.op(K.exp_times)
+    k = torch.randn(6, dtype=f64)
+    xs = [torch.randn(6, dtype=f64) for _ in range(_functions.MAX_VIEWS + 20)]
+    outs = [op(x, k) for x in xs + xs[:3]]  # all alive at once: every output a new buffer
+    for x, out in zip(xs + xs[:3], outs):
+        torch.testing.assert_close(out, x.exp() * k)
+    (plan,) = op._plans.values()
+    assert 0 < len(plan.cache["views"]) <= _functions.MAX_VIEWS + 3
+
 # -- 3.2 the forward never touches .grad ----------------------------------------------------
 
 
