@@ -125,8 +125,8 @@ def test_a_launch_function_gets_views_of_each_calls_own_buffers():
     outs = [op(x, k) for x in xs + xs[:3]]  # all alive at once: every output a new buffer
     for x, out in zip(xs + xs[:3], outs):
         torch.testing.assert_close(out, x.exp() * k)
-    (plan,) = op._plans.values()
-    assert 0 < len(plan.cache["views"]) <= _functions.MAX_VIEWS + 3
+    kept = [len(plan.cache["views"]) for plan in op._plans.values() if "views" in plan.cache]
+    assert kept and all(0 < n <= _functions.MAX_VIEWS + 3 for n in kept)
 
 # -- 3.2 the forward never touches .grad ----------------------------------------------------
 
