@@ -144,11 +144,11 @@ def _function_args(plan, ins, scalars, outs, in_grads, out_grads):
     # The forward's views (no gradients) are kept per plan, by position and pointer: a plan
     # fixes every shape, stride and dtype, so a view of the same pointer is the same view, and
     # making one (~3.5 us) and its launch descriptor cost a small call ~30 us of its ~100.
-    views = plan.cache.get("views") if in_grads is None and out_grads is None else None
-    if views is None and in_grads is None and out_grads is None:
-        views = plan.cache["views"] = {}
-    if views is not None and len(views) > MAX_VIEWS:
-        views.clear()
+    views = None
+    if in_grads is None and out_grads is None:
+        views = plan.cache.get("views")
+        if views is None or len(views) > MAX_VIEWS:
+            views = plan.cache["views"] = {}
     for p in sig.inputs:
         if not p.is_array:
             args.append(next(vals))
@@ -160,10 +160,7 @@ def _function_args(plan, ins, scalars, outs, in_grads, out_grads):
         if views is None:
             args.append(_wrap(p, dev, ins[k], shape, strides, grad))
         else:
-            a = views.get((k, ins[k]))
-            if a is None:
-                a = views[k, ins[k]] = _wrap(p, dev, ins[k], shape, strides)
-            args.append(a)
+            args.append(_kept_view(views, k, p, dev, ins[k], shape, strides))
         k += 1
     for j, p in enumerate(sig.outputs):
         grad = None
@@ -173,8 +170,13 @@ def _function_args(plan, ins, scalars, outs, in_grads, out_grads):
         if views is None:
             args.append(_wrap(p, dev, outs[j], plan.out_shapes[j], plan.out_strides[j], grad))
         else:
-            a = views.get((-1 - j, outs[j]))
-            if a is None:
-                a = views[-1 - j, outs[j]] = _wrap(p, dev, outs[j], plan.out_shapes[j], plan.out_strides[j])
-            args.append(a)
+            args.append(_kept_view(views, -1 - j, p, dev, outs[j], plan.out_shapes[j], plan.out_strides[j]))
     return args
+
+
+def _kept_view(views: dict, position: int, p: Param, device: Any, ptr: int, shape: Any, strides: Any) -> Any:
+    """The view of argument ``position`` (outputs: -1, -2, ...) at ``ptr``, kept in ``views``."""
+    a = views.get((position, ptr))
+    if a is None:
+        a = views[position, ptr] = _wrap(p, device, ptr, shape, strides)
+    return a
