@@ -444,41 +444,56 @@ def kernels(scalar: Any) -> Any:
             axis = 2
         return axis
 
-    @func
+    # partition_points: Lomuto's partition of [left, right] around the point at `pick`, keys
+    # compared as (coordinate, original index); returns the pivot's place. Written without
+    # branches (every element swapped, the boundary moved by the comparison): ~2x faster here
+    # than Hoare's, whose branches mispredict. Native code, like partition_items below, so
+    # that each key is loaded from memory at the axis's byte offset: Warp indexes a point by a
+    # runtime axis through a copy on the stack, and a load that waits on that store. The CPU
+    # builds went 1.15-1.3x faster with both partitions so (10^4 to 10^7 points, one and two
+    # threads; 10^5 Gaussian points on one thread 7.7 -> 6.4 ms).
+    _PARTITION_POINTS_SNIPPET = r"""
+    typedef wp::vec_t<3, REAL> Point;
+    char* pd = (char*)pts.data;
+    char* od = (char*)order.data;
+    const size_t ps = (size_t)pts.strides[0], os = (size_t)order.strides[0];
+    auto P = [&](int t) -> Point& { return *(Point*)(pd + (size_t)t * ps); };
+    auto O = [&](int t) -> wp::int32& { return *(wp::int32*)(od + (size_t)t * os); };
+    const Point pivot = P(pick);
+    const wp::int32 pivot_index = O(pick);
+    P(pick) = P(right);
+    O(pick) = O(right);
+    const REAL key = pivot[axis];
+    const size_t off = (size_t)axis * sizeof(REAL);
+    int store = left;
+    for (int j = left; j < right; ++j) {
+        const REAL c = *(const REAL*)(pd + (size_t)j * ps + off);
+        const wp::int32 oj = O(j);
+        const Point pj = P(j);
+        const int below = (c < key) | ((c == key) & (oj < pivot_index));
+        P(j) = P(store);
+        O(j) = O(store);
+        P(store) = pj;
+        O(store) = oj;
+        store += below;
+    }
+    P(right) = P(store);
+    O(right) = O(store);
+    P(store) = pivot;
+    O(store) = pivot_index;
+    return store;
+    """.replace("REAL", "wp::float32" if T is wp.float32 else "wp::float64")
+
+    @wp.func_native(_PARTITION_POINTS_SNIPPET)
     def partition_points(
         pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32), left: int, right: int, pick: int, axis: int
-    ) -> int:
-        # Lomuto's partition of [left, right] around the point at `pick`, keys compared as
-        # (coordinate, original index); returns the pivot's place. Written without branches
-        # (every element swapped, the boundary moved by the comparison): ~2x faster here than
-        # Hoare's, whose branches mispredict.
-        pivot = pts[pick]
-        pivot_index = order[pick]
-        pts[pick] = pts[right]
-        order[pick] = order[right]
-        key = pivot[axis]
-        store = left
-        for j in range(left, right):
-            pj = pts[j]
-            oj = order[j]
-            c = pj[axis]
-            # (c, oj) < (key, pivot_index) as integer arithmetic: no branch to mispredict
-            below = int(c < key) | (int(c == key) & int(oj < pivot_index))
-            pts[j] = pts[store]
-            order[j] = order[store]
-            pts[store] = pj
-            order[store] = oj
-            store += below
-        pts[right] = pts[store]
-        order[right] = order[store]
-        pts[store] = pivot
-        order[store] = pivot_index
-        return store
+    ) -> int: ...
 
     # partition_items: partition_points on records, natively. Each of the partition's moves
     # is then one 16-byte copy, where a point and its index take three stores; a CPU build on
     # one thread measured 0.77 -> 0.53 ms at 10^4 points and 11.1 -> 7.8 ms at 10^5 (the
-    # same partition written in Warp on the records gained ~1.2x, not ~1.45x).
+    # same partition written in Warp on the records gained ~1.2x, not ~1.45x). The key is
+    # loaded at the axis's offset, not taken from the record's copy (see partition_points).
     _PARTITION_SNIPPET = r"""
     struct Record { REAL p[3]; wp::int32 i; };  // Item's layout (checked in Python)
     char* data = (char*)items.data;
@@ -489,10 +504,13 @@ def kernels(scalar: Any) -> Any:
     const REAL key = pivot.p[axis];
     const wp::int32 pivot_index = pivot.i;
     int store = left;
+    const size_t off = (size_t)axis * sizeof(REAL);
     for (int j = left; j < right; ++j) {
+        const char* pj = data + (size_t)j * step;
+        const REAL c = *(const REAL*)(pj + off);
+        const wp::int32 ri = ((const Record*)pj)->i;
         const Record r = at(j);
-        const REAL c = r.p[axis];
-        const int below = (c < key) | ((c == key) & (r.i < pivot_index));
+        const int below = (c < key) | ((c == key) & (ri < pivot_index));
         at(j) = at(store);
         at(store) = r;
         store += below;
