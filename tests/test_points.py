@@ -604,6 +604,12 @@ def test_non_contiguous_inputs():
     torch.testing.assert_close(
         wb.ops.radius_aggregate(qt, r, ft, 0.5, 0.1), ref_ops.radius_aggregate(qt, r, ft, 0.5, 0.1)
     )
+    # knn_aggregate reads packed feature rows by pointer and others element by element
+    f8 = torch.randn(80, 8, generator=torch.Generator().manual_seed(3), dtype=q.dtype)
+    for feats in (ft, f8, f8[:, ::2], f8.t().contiguous().t()):
+        torch.testing.assert_close(
+            wb.ops.knn_aggregate(qt, r, feats, 5, 0.1), ref_ops.knn_aggregate(qt, r, feats, 5, 0.1)
+        )
 
 
 # -- training: a tutorial-style model follows the dense reference -------------------------

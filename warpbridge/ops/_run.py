@@ -213,8 +213,8 @@ def _knn_forward(k, query, ref, kk, dist, idx, queries, features=None, sigma=1.0
     if features is None:
         features = out = _core.nothing((0, 0), k.T, device)
     _core.query_order(k, query, tree, queries, device, None, ref)
-    before = [query, *tree, kk, features, _groups_of_4(features), sigma, queries]
-    _launch(k.knn_search, query.shape[0], before, [dist, idx, out, _groups_of_4(out)], device)
+    before = [query, *tree, kk, features, sigma, queries]
+    _launch(k.knn_search, query.shape[0], before, [dist, idx, out], device)
 
 
 def _knn_backward(k, query, ref, idx, queries, grad, dq, dr, needs):
