@@ -1,5 +1,5 @@
 """Point-cloud neighbour ops: warpbridge against dense PyTorch, torch.compile, the tutorial's
-Warp kernel and SciPy's cKDTree, side by side in one process.
+Warp kernel, SciPy's cKDTree and pykdtree, side by side in one process.
 
 Radius aggregation (issue sizes, CPU): 20^3 grid queries on [-1, 1]^3, 8 000 reference points
 from N(0, 1), F = 16, radius 0.2, sigma 0.1. "step" = forward + backward for query, ref and
@@ -19,6 +19,7 @@ Usage: python benchmarks/neighbors.py [--quick] [--device cpu|cuda]
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -54,6 +55,15 @@ def kdtree_knn_aggregate(q, r, f, k, sigma):
     dist = torch.from_numpy(dist).to(q.dtype)
     w = torch.softmax(-dist / sigma, dim=1)
     return (w.unsqueeze(-1) * f[torch.from_numpy(idx)]).sum(1)
+
+
+def pykdtree_knn_aggregate(q, r, f, k, sigma):
+    """The same with pykdtree, the fastest CPU kd-tree in the distribution benchmark."""
+    from pykdtree.kdtree import KDTree
+
+    dist, idx = KDTree(r.numpy()).query(q.numpy(), k=k)
+    w = torch.softmax(-torch.from_numpy(dist).to(q.dtype) / sigma, dim=1)
+    return (w.unsqueeze(-1) * f[torch.from_numpy(idx.astype(np.int64))]).sum(1)
 
 
 def tutorial_forward(q, r, f, radius, sigma):
@@ -196,6 +206,9 @@ def knn_rows(args, q, r, f, k, sigma):
     if dev == "cpu" and not args.only_ours:
         t = median_ms(lambda: kdtree_knn_aggregate(q, r, f, k, sigma), dev, rep)
         rows["scipy cKDTree(workers=-1) + gather + softmax"] = {"forward_ms": t}
+        if importlib.util.find_spec("pykdtree") is not None:
+            t = median_ms(lambda: pykdtree_knn_aggregate(q, r, f, k, sigma), dev, rep)
+            rows["pykdtree (OpenMP) + gather + softmax"] = {"forward_ms": t}
     for name in warpbridge_configs(args):
         with torch.no_grad():
             rows[name] = {"forward_ms": median_ms(lambda: wb.ops.knn_aggregate(q, r, f, k, sigma), dev, rep)}
@@ -335,6 +348,9 @@ def summarise(result, dev):
     if kd:
         best = min(v["forward_ms"] for k, v in knn.items() if k.startswith("warpbridge") and "passive" not in k)
         s["knn_speedup_vs_ckdtree"] = kd["forward_ms"] / best
+        pk = knn.get("pykdtree (OpenMP) + gather + softmax")
+        if pk:
+            s["knn_speedup_vs_pykdtree"] = pk["forward_ms"] / best
     return s
 
 
