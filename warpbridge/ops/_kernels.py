@@ -213,26 +213,26 @@ def kernels(scalar: Any) -> Any:
     const int k = idx.shape[1];
     const int nf = features.shape[1];
     const Real nearest = *wp::address(dist, i, 0);
-    const bool packed = features.strides[1] == sizeof(Real) && out.strides[1] == sizeof(Real);
-    Real* __restrict__ o = wp::address(out, i, 0);
-    for (int f = 0; f < nf; ++f) *wp::address(out, i, f) = (Real)0;
+    const size_t fs = (size_t)features.strides[1], os = (size_t)out.strides[1];
+    const bool packed = fs == sizeof(Real) && os == sizeof(Real);
+    char* __restrict__ o = (char*)wp::address(out, i, 0);  // the output row, only ever through o
+    for (int f = 0; f < nf; ++f) *(Real*)(o + f * os) = (Real)0;
     Real total = (Real)0;
     for (int n = 0; n < k; ++n) {
         const wp::int64 j = *wp::address(idx, i, n);
         if (j < 0) continue;
         const Real w = wp::exp((nearest - *wp::address(dist, i, n)) / sigma);
         total += w;
-        const char* row = (const char*)features.data + j * features.strides[0];
+        const char* __restrict__ row = (const char*)features.data + j * features.strides[0];
         if (packed) {
-            const Real* __restrict__ r = (const Real*)row;
-            for (int f = 0; f < nf; ++f) o[f] += w * r[f];
+            for (int f = 0; f < nf; ++f) ((Real*)o)[f] += w * ((const Real*)row)[f];
         } else {
-            for (int f = 0; f < nf; ++f) *wp::address(out, i, f) += w * *(const Real*)(row + f * features.strides[1]);
+            for (int f = 0; f < nf; ++f) *(Real*)(o + f * os) += w * *(const Real*)(row + f * fs);
         }
     }
     if (total > (Real)0) {
         const Real scale = (Real)1 / total;
-        for (int f = 0; f < nf; ++f) *wp::address(out, i, f) *= scale;
+        for (int f = 0; f < nf; ++f) *(Real*)(o + f * os) *= scale;
     }
     """.replace("REAL", "wp::float32" if T is wp.float32 else "wp::float64")
 
