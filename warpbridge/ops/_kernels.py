@@ -86,6 +86,7 @@ def kernels(scalar: Any) -> Any:
     Stack = wp.types.vector(STACK, wp.int32)
     StackD = wp.types.vector(STACK, T)
     module = f"warpbridge_points_{T.__name__}"
+    REAL = "wp::float32" if T is wp.float32 else "wp::float64"  # T in the native snippets
 
     class Item:
         # A point and its original index in one record (16 bytes; 32 in float64): the CPU
@@ -234,7 +235,7 @@ def kernels(scalar: Any) -> Any:
         const Real scale = (Real)1 / total;
         for (int f = 0; f < nf; ++f) *(Real*)(o + f * os) *= scale;
     }
-    """.replace("REAL", "wp::float32" if T is wp.float32 else "wp::float64")
+    """.replace("REAL", REAL)
 
     @wp.func_native(_AGGREGATE_SNIPPET)
     def aggregate_row(
@@ -302,7 +303,7 @@ def kernels(scalar: Any) -> Any:
         }
     }
     return c;
-    """.replace("REAL", "wp::float32" if T is wp.float32 else "wp::float64")
+    """.replace("REAL", REAL)
 
     @wp.func_native(_LEAF_SNIPPET)
     def knn_leaf(
@@ -478,7 +479,7 @@ def kernels(scalar: Any) -> Any:
     P(store) = pivot;
     O(store) = pivot_index;
     return store;
-    """.replace("REAL", "wp::float32" if T is wp.float32 else "wp::float64")
+    """.replace("REAL", REAL)
 
     @wp.func_native(_PARTITION_POINTS_SNIPPET)
     def partition_points(
@@ -514,7 +515,7 @@ def kernels(scalar: Any) -> Any:
     at(right) = at(store);
     at(store) = pivot;
     return store;
-    """.replace("REAL", "wp::float32" if T is wp.float32 else "wp::float64")
+    """.replace("REAL", REAL)
 
     @wp.func_native(_PARTITION_SNIPPET)
     def partition_items(items: wp.array(dtype=Item), left: int, right: int, pick: int, axis: int) -> int: ...
