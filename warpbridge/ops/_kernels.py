@@ -84,7 +84,6 @@ def kernels(scalar: Any) -> Any:
     Sample = wp.types.vector(SAMPLE, T)  # pivot candidates of a large quickselect step
     SampleAt = wp.types.vector(SAMPLE, wp.int32)
     Stack = wp.types.vector(STACK, wp.int32)
-    StackD = wp.types.vector(STACK, T)
     module = f"warpbridge_points_{T.__name__}"
     REAL = "wp::float32" if T is wp.float32 else "wp::float64"  # T in the native snippets
 
@@ -247,79 +246,156 @@ def kernels(scalar: Any) -> Any:
         out: wp.array2d(dtype=T),
     ): ...
 
-    # knn_leaf: insert the points [s, e) of a leaf into query i's sorted top-k (distance,
-    # then index) and return the new count. Once the list is full, a point whose squared
-    # distance exceeds `bound` (sq_bound of the k-th distance) is certainly farther and is
-    # rejected without a square root; the bound follows the list within the leaf too (1.69 ->
-    # 1.62 ms below). Native code (wp.func_native, compiled for the CPU and CUDA alike),
-    # because the same steps written in Warp measured slower: the kNN search alone (2 000
-    # queries on 10^4 points, one thread) took 1.86 -> 1.69 ms. The whole search written so
-    # measured the same 1.69 ms, so only the leaf is native.
-    _LEAF_SNIPPET = r"""
+    # knn_query: query i's k nearest points, sorted by distance, then index, into its rows of
+    # dist and idx (inf and -1 where there are fewer than k points; no search for a query
+    # that is not finite). Depth first from the root: the nearer child first, the other on
+    # the stack with its squared gap (box_gap2). Once the list is full, a box or a point
+    # whose squared gap exceeds `b` (sq_bound of the k-th distance) is certainly farther and
+    # is skipped without a square root; a box at least as far as the k-th with only larger
+    # indices is skipped too (ties go to the smaller index). The bound follows the list
+    # within a leaf, not only after it. Norms as `norm` (no overflow, no underflow).
+    #
+    # Native code (compiled for the CPU and by NVRTC for CUDA), on raw pointers into the
+    # tree's arrays, which _run._tree always allocates packed. The same steps in Warp, with
+    # only the leaf scan native, took 29.5 ms for the tutorial's 27 000 queries on 10^5
+    # points (one thread); this takes 25.6 ms, and 2 000 queries on 10^4 duplicated points
+    # 1.86 -> 1.51 ms. A C++ copy compiled on its own with Clang took 24.7 ms. (Before, the
+    # leaf scan alone became native: 1.86 -> 1.69 ms for 2 000 queries on 10^4 points.)
+    _KNN_SNIPPET = r"""
     typedef REAL Real;
-    int c = count;
-    Real b = bound;
-    for (int t = s; t < e; ++t) {
-        const wp::vec_t<3, Real> p = *wp::address(sorted_points, t);
-        const Real dx = q[0] - p[0], dy = q[1] - p[1], dz = q[2] - p[2];
-        const Real d2 = dx * dx + dy * dy + dz * dz;
-        if (c < k || d2 <= b) {
-            Real d;  // |q - p| without overflow or underflow, as `norm`
-            if (d2 < (Real)INFINITY && d2 >= (Real)1e-30) {
-                d = wp::sqrt(d2);
-            } else {
-                const Real a = wp::max(wp::max(wp::abs(dx), wp::abs(dy)), wp::abs(dz));
-                if (a == (Real)0 || !(a < (Real)INFINITY)) {
-                    d = a;
-                } else {
-                    const Real x = dx / a, y = dy / a, z = dz / a;
-                    d = a * wp::sqrt(x * x + y * y + z * z);
+    typedef wp::vec_t<3, Real> Vec;
+    const Real inf = (Real)INFINITY;
+    char* const dr = (char*)dist.data + (size_t)i * (size_t)dist.strides[0];
+    char* const ir = (char*)idx.data + (size_t)i * (size_t)idx.strides[0];
+    const size_t ds = (size_t)dist.strides[1], is = (size_t)idx.strides[1];
+    auto D = [&](int n) -> Real& { return *(Real*)(dr + (size_t)n * ds); };
+    auto J = [&](int n) -> wp::int64& { return *(wp::int64*)(ir + (size_t)n * is); };
+    for (int n = 0; n < k; ++n) { D(n) = inf; J(n) = -1; }
+    if (!(wp::abs(q[0]) < inf && wp::abs(q[1]) < inf && wp::abs(q[2]) < inf)) return;
+    const Vec* __restrict__ P = (const Vec*)sorted_points.data;  // the tree's arrays are packed
+    const wp::int32* __restrict__ O = (const wp::int32*)order.data;
+    const Vec* __restrict__ LO = (const Vec*)lo.data;
+    const Vec* __restrict__ HI = (const Vec*)hi.data;
+    const wp::int32* __restrict__ MI = (const wp::int32*)min_index.data;
+    const int n = sorted_points.shape[0];
+    const int leaves = lo.shape[0] / 2;
+    int depth = 0;
+    while ((1 << depth) < leaves) ++depth;
+    auto norm3 = [&](Real x, Real y, Real z) -> Real {
+        const Real d2 = x * x + y * y + z * z;
+        if (d2 < inf && d2 >= (Real)1e-30) return wp::sqrt(d2);
+        const Real a = wp::max(wp::max(wp::abs(x), wp::abs(y)), wp::abs(z));
+        if (a == (Real)0 || !(a < inf)) return a;
+        const Real u = x / a, v = y / a, w = z / a;
+        return a * wp::sqrt(u * u + v * v + w * w);
+    };
+    auto gap = [&](int node, Real& gx, Real& gy, Real& gz) {
+        const Vec l = LO[node], h = HI[node];
+        gx = wp::max(wp::max(l[0] - q[0], q[0] - h[0]), (Real)0);
+        gy = wp::max(wp::max(l[1] - q[1], q[1] - h[1]), (Real)0);
+        gz = wp::max(wp::max(l[2] - q[2], q[2] - h[2]), (Real)0);
+    };
+    auto gap2 = [&](int node) -> Real {
+        Real gx, gy, gz;
+        gap(node, gx, gy, gz);
+        return gx * gx + gy * gy + gz * gz;
+    };
+    int stack[STACK];
+    Real gaps[STACK];
+    int sp = 0, node = 1, c = 0;
+    Real g2 = (Real)0, kd = inf, b = inf;
+    wp::int64 kj = -1;
+    while (node > 0 || sp > 0) {
+        if (node == 0) {
+            --sp;
+            node = stack[sp];
+            g2 = gaps[sp];
+        }
+        if (c == k) {
+            bool skip = g2 > b;
+            if (!skip) {
+                if (b < inf) {
+                    // sqrt(g2) is a lower bound of every point's distance in the normal range,
+                    // exact enough to settle a tie by index; so is a gap of 0 when the k-th
+                    // distance is 0 (copies of a query point: without it, 20,000 queries on
+                    // 200,000 copies of one point scanned every copy for each query).
+                    const bool tie = g2 >= (Real)1e-30 || (g2 == (Real)0 && kd == (Real)0);
+                    skip = tie && (wp::int64)MI[node] > kj && wp::sqrt(g2) >= kd;
+                } else {  // a k-th distance whose square overflows: compare with a margin
+                    Real gx, gy, gz;
+                    gap(node, gx, gy, gz);
+                    skip = norm3(gx, gy, gz) > kd * (Real)1.00001;
                 }
             }
-            const wp::int64 j = (wp::int64)*wp::address(order, t);
-            const Real last = *wp::address(dist, i, k - 1);
-            if (d < (Real)INFINITY && (c < k || d < last || (d == last && j < *wp::address(idx, i, k - 1)))) {
-                int pos = c < k - 1 ? c : k - 1;
-                while (pos > 0) {
-                    const Real dp = *wp::address(dist, i, pos - 1);
-                    const wp::int64 jp = *wp::address(idx, i, pos - 1);
-                    if (!(d < dp || (d == dp && j < jp))) break;
-                    *wp::address(dist, i, pos) = dp;
-                    *wp::address(idx, i, pos) = jp;
-                    --pos;
-                }
-                *wp::address(dist, i, pos) = d;
-                *wp::address(idx, i, pos) = j;
+            if (skip) {
+                node = 0;
+                continue;
+            }
+        }
+        if (node < leaves) {
+            const int a = 2 * node;
+            const Real da = gap2(a), db = gap2(a + 1);
+            if (db < da || (db == da && MI[a + 1] < MI[a])) {
+                stack[sp] = a; gaps[sp] = da; node = a + 1; g2 = db;
+            } else {
+                stack[sp] = a + 1; gaps[sp] = db; node = a; g2 = da;
+            }
+            ++sp;
+            continue;
+        }
+        const int s = (int)(((wp::int64)(node - leaves) * n) >> depth);
+        const int e = (int)(((wp::int64)(node - leaves + 1) * n) >> depth);
+        for (int t = s; t < e; ++t) {
+            const Vec p = P[t];
+            const Real dx = q[0] - p[0], dy = q[1] - p[1], dz = q[2] - p[2];
+            const Real d2 = dx * dx + dy * dy + dz * dz;
+            // b and kd are inf until the list is full: every finite point enters until then
+            if (d2 <= b) {
+                const Real d = d2 < inf && d2 >= (Real)1e-30 ? wp::sqrt(d2) : norm3(dx, dy, dz);
+                const wp::int64 j = (wp::int64)O[t];
+                if (d < kd || (d == kd && j < kj)) {
+                    int pos = c < k - 1 ? c : k - 1;
+                    while (pos > 0) {
+                        const Real dp = D(pos - 1);
+                        const wp::int64 jp = J(pos - 1);
+                        if (!(d < dp || (d == dp && j < jp))) break;
+                        D(pos) = dp;
+                        J(pos) = jp;
+                        --pos;
+                    }
+                    D(pos) = d;
+                    J(pos) = j;
 #if !defined(__CUDA_ARCH__)
-                // knn_aggregate reads the neighbours' feature rows next (aggregate_row)
-                if (features.shape[0]) __builtin_prefetch((const char*)features.data + j * features.strides[0]);
+                    // knn_aggregate reads the neighbours' feature rows next (aggregate_row)
+                    if (features.shape[0]) __builtin_prefetch((const char*)features.data + j * features.strides[0]);
 #endif
-                if (c < k) ++c;
-                if (c == k) {  // the bound of the k-th distance, as sq_bound
-                    const Real kd = *wp::address(dist, i, k - 1);
-                    b = kd * kd * (Real)1.0001 + (Real)1e-30;
+                    if (c < k) ++c;
+                    if (c == k) {  // the bound of the k-th distance, as sq_bound
+                        kd = D(k - 1);
+                        kj = J(k - 1);
+                        b = kd * kd * (Real)1.0001 + (Real)1e-30;
+                    }
                 }
             }
         }
+        node = 0;
     }
-    return c;
-    """.replace("REAL", REAL)
+    """.replace("REAL", REAL).replace("STACK", str(STACK))
 
-    @wp.func_native(_LEAF_SNIPPET)
-    def knn_leaf(
+    @wp.func_native(_KNN_SNIPPET)
+    def knn_query(
         q: V,
-        sorted_points: wp.array(dtype=V),
         order: wp.array(dtype=wp.int32),
-        s: int,
-        e: int,
-        i: int,
+        sorted_points: wp.array(dtype=V),
+        lo: wp.array(dtype=V),
+        hi: wp.array(dtype=V),
+        min_index: wp.array(dtype=wp.int32),
         k: int,
-        count: int,
-        bound: T,
+        i: int,
         dist: wp.array2d(dtype=T),
         idx: wp.array2d(dtype=wp.int64),
         features: wp.array2d(dtype=T),
-    ) -> int: ...
+    ): ...
 
     @func
     def norm(v: V) -> T:
@@ -1272,73 +1348,7 @@ def kernels(scalar: Any) -> Any:
     ):
         # With a non-empty `out`, also aggregates (knn_aggregate) while the row is hot in cache.
         i = query_at(wp.tid() * stride + offset, queries)
-        for n in range(k):
-            dist[i, n] = T(wp.inf)
-            idx[i, n] = wp.int64(-1)
-        q = query[i]
-        n = sorted_points.shape[0]
-        leaves = lo.shape[0] // 2
-        depth = levels(leaves)
-        stack = Stack()
-        gaps = StackD()  # squared distances to the stacked boxes
-        sp = int(0)
-        node = int(0)  # the node to visit next; 0: pop one
-        g2 = T(0.0)  # its squared distance
-        if finite(q):
-            node = 1
-        count = int(0)
-        kd = T(wp.inf)  # the k-th distance and index once the list is full
-        kj = wp.int64(-1)
-        bound = T(wp.inf)
-        while node > 0 or sp > 0:
-            if node == 0:
-                sp -= 1
-                node = stack[sp]
-                g2 = gaps[sp]
-            if count == k:
-                # Skip a box no point of which can enter: certainly farther than the k-th, or
-                # at least as far with only larger indices (a tie goes to the smaller index).
-                skip = g2 > bound
-                if not skip:
-                    if bound < T(wp.inf):
-                        # In the normal range sqrt(g2) is a lower bound of every point's
-                        # distance (see norm): exact enough to settle a tie by index. So is a
-                        # gap of 0 when the k-th distance is 0 (copies of a query point):
-                        # without it, 20,000 queries on 200,000 copies of one point scanned
-                        # every copy for each query.
-                        tie = g2 >= T(1e-30) or (g2 == T(0.0) and kd == T(0.0))
-                        skip = tie and wp.int64(min_index[node]) > kj and wp.sqrt(g2) >= kd
-                    else:
-                        # a k-th distance whose square overflows: compare with a margin
-                        skip = box_distance(q, lo[node], hi[node]) > kd * T(1.00001)
-                if skip:
-                    node = 0
-                    continue
-            if node < leaves:
-                # Go on to the nearer child; the other waits on the stack.
-                a = 2 * node
-                da = box_gap2(q, lo[a], hi[a])
-                db = box_gap2(q, lo[a + 1], hi[a + 1])
-                if db < da or (db == da and min_index[a + 1] < min_index[a]):
-                    stack[sp] = a
-                    gaps[sp] = da
-                    node = a + 1
-                    g2 = db
-                else:
-                    stack[sp] = a + 1
-                    gaps[sp] = db
-                    node = a
-                    g2 = da
-                sp += 1
-            else:
-                s = leaf_start(node - leaves, n, depth)
-                e = leaf_start(node - leaves + 1, n, depth)
-                count = knn_leaf(q, sorted_points, order, s, e, i, k, count, bound, dist, idx, features)
-                if count == k:
-                    kd = dist[i, k - 1]
-                    kj = idx[i, k - 1]
-                    bound = sq_bound(kd)
-                node = 0
+        knn_query(query[i], order, sorted_points, lo, hi, min_index, k, i, dist, idx, features)
         if out.shape[0] > 0:
             aggregate_row(features, dist, idx, sigma, i, out)
 
