@@ -112,7 +112,6 @@ def test_gradcheck_multi_kernel_function():
     assert torch.autograd.gradcheck(op, (x, k))
 
 
-
 def test_a_launch_function_gets_views_of_each_calls_own_buffers():
     """The forward's array views are kept per plan by position and pointer
     (``_functions._function_args``): every call still reads its own inputs and writes its own
@@ -127,6 +126,7 @@ def test_a_launch_function_gets_views_of_each_calls_own_buffers():
         torch.testing.assert_close(out, x.exp() * k)
     kept = [len(plan.cache["views"]) for plan in op._plans.values() if "views" in plan.cache]
     assert kept and all(0 < n <= _functions.MAX_VIEWS + 3 for n in kept)
+
 
 # -- 3.2 the forward never touches .grad ----------------------------------------------------
 
