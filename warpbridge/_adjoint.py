@@ -95,25 +95,88 @@ def _constant(node: ast.AST) -> bool:
     return False
 
 
-def _additive_term(node: ast.AST, target: ast.AST) -> bool:
-    """Whether ``node`` depends on ``target`` only through sums, differences and constant
-    factors, so that its adjoint does not need ``target``'s value."""
+def _additive_term(node: ast.AST, target: ast.AST, inert: frozenset[str] = frozenset()) -> bool:
+    """Whether ``node`` depends on ``target`` only through sums, differences, components and
+    factors that are constants or ``inert`` names (values whose gradient nobody needs), so that
+    its adjoint does not need ``target``'s value."""
     if node is target:
         return True
+
+    def factor(n: ast.AST) -> bool:
+        return _constant(n) or _inert(n, inert)
+
+    def linear(n: ast.AST) -> bool:
+        return not _contains(n, target) or _additive_term(n, target, inert)
+
     if isinstance(node, ast.BinOp):
         if isinstance(node.op, (ast.Add, ast.Sub)):
-            left, right = _contains(node.left, target), _contains(node.right, target)
-            return (not left or _additive_term(node.left, target)) and (not right or _additive_term(node.right, target))
+            return linear(node.left) and linear(node.right)
         if isinstance(node.op, ast.Mult):
-            if _constant(node.right):
-                return _additive_term(node.left, target)
-            if _constant(node.left):
-                return _additive_term(node.right, target)
-        if isinstance(node.op, ast.Div) and _constant(node.right):
-            return _additive_term(node.left, target)
+            if factor(node.right):
+                return _additive_term(node.left, target, inert)
+            if factor(node.left):
+                return _additive_term(node.right, target, inert)
+        if isinstance(node.op, ast.Div) and factor(node.right):
+            return _additive_term(node.left, target, inert)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        return _additive_term(node.operand, target)
+        return _additive_term(node.operand, target, inert)
+    if isinstance(node, ast.Subscript) and not _contains(node.slice, target):
+        return _additive_term(node.value, target, inert)  # a component: v[0]
+    if isinstance(node, ast.Call) and not node.keywords and _constructor(node.func):
+        return all(linear(a) for a in node.args)  # wp.vec3(v[0] + r[0], ...)
     return False
+
+
+# Calls that build a value linearly from their arguments.
+_CONSTRUCTORS = frozenset(
+    {"float", "float16", "float32", "float64", "vec2", "vec3", "vec4", "vec2f", "vec3f", "vec4f", "vec2d", "vec3d",
+     "vec4d", "vec2h", "vec3h", "vec4h", "vector"}
+)  # fmt: skip
+
+
+def _constructor(func: ast.AST) -> bool:
+    return (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")) in _CONSTRUCTORS
+
+
+def _inert(node: ast.AST, inert: frozenset[str]) -> bool:
+    """An expression of constants and ``inert`` names only (arithmetic and calls on them)."""
+    names = [n for n in ast.walk(node) if isinstance(n, ast.Name)]
+    calls = {id(c.func) for c in ast.walk(node) if isinstance(c, ast.Call)}
+    calls |= {id(n) for c in ast.walk(node) if isinstance(c, ast.Call) for n in ast.walk(c.func)}
+    if any(isinstance(n, (ast.Subscript, ast.Attribute)) and id(n) not in calls for n in ast.walk(node)):
+        return False  # a load from an array or a struct: a differentiable value
+    return all(n.id in inert or id(n) in calls for n in names)
+
+
+def inert_names(adj: Any) -> frozenset[str]:
+    """Names in a kernel whose value no adjoint warpbridge returns depends on: its scalar
+    parameters (warpbridge discards scalar adjoints) and locals computed from those and
+    constants only (``n2 = float(n * n)``), none ever reassigned otherwise. A ``@wp.func``'s
+    parameters carry gradients to its caller: none of them is inert."""
+    if getattr(adj, "is_user_function", True):
+        return frozenset()
+    inert = {a.label for a in adj.args if not wp.types.is_array(a.type)}
+    assigned: dict[str, list[ast.AST | None]] = {}
+    for node in ast.walk(adj.tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        assigned.setdefault(n.id, []).append(node.value if isinstance(t, ast.Name) else None)
+        elif isinstance(node, (ast.AugAssign, ast.For)):
+            for n in ast.walk(node.target):
+                if isinstance(n, ast.Name):
+                    assigned.setdefault(n.id, []).append(None)
+    inert -= set(assigned)  # a scalar parameter reassigned in the kernel
+    changed = True
+    while changed:  # locals from inert values, to a fixed point
+        changed = False
+        for name, values in assigned.items():
+            if name not in inert and all(v is not None and _inert(v, frozenset(inert)) for v in values):
+                inert.add(name)
+                changed = True
+    return frozenset(inert)
 
 
 def _chain(sub: ast.AST) -> list[ast.AST]:
@@ -163,6 +226,7 @@ def array_accesses(tree: ast.AST, pyfunc: Any, names: set[str], depth: int = 0) 
     stores: dict[str, list[tuple[ast.stmt, ast.AST | None, ast.AST]]] = {}  # name -> (stmt, rhs, target)
     overwritten: dict[str, int] = {}
     restored_via: set[str] = set()
+    added: dict[str, list[tuple[ast.stmt, ast.AST | None, ast.AST]]] = {}  # name -> a[i] += v stores
 
     def stmt_of(node: ast.AST) -> ast.AST:
         while node in parents and not isinstance(node, ast.stmt):
@@ -187,6 +251,10 @@ def array_accesses(tree: ast.AST, pyfunc: Any, names: set[str], depth: int = 0) 
                         reads.add(node.id)  # a[i] *= v reads a[i]
                         stores.setdefault(node.id, []).append((stmt, None, sub))
                         loads.setdefault(node.id, []).append((stmt.lineno, stmt.col_offset, sub))
+                    else:
+                        # a[i] += f(a[i]) is a[i] = a[i] + f(a[i]): checked like a store, but an
+                        # atomic add needs no restoring of a's gradient
+                        added.setdefault(node.id, []).append((stmt, stmt.value, sub))
                 else:
                     stores.setdefault(node.id, []).append((stmt, getattr(stmt, "value", None), sub))
             else:
@@ -231,8 +299,8 @@ def array_accesses(tree: ast.AST, pyfunc: Any, names: set[str], depth: int = 0) 
         name for name, sts in stores.items() if len(sts) > 1 or any(_in_loop(parents, stmt) for stmt, _, _ in sts)
     }
     # A read followed (or accompanied) by a non-additive store: the adjoint sees the stored value.
-    for name, sts in stores.items():
-        for stmt, rhs, target in sts:
+    for name in stores.keys() | added.keys():
+        for stmt, rhs, target in stores.get(name, []) + added.get(name, []):
             for line, col, load in loads.get(name, ()):
                 if (line, col) > (stmt.lineno, stmt.col_offset) or _disjoint(target, load):
                     continue
@@ -310,10 +378,11 @@ def _recording():
             visitors.update(saved)
 
 
-def _only_summed(tree: ast.AST, name: str) -> bool:
-    """Whether every read of the local ``name`` is an additive term (constant factors allowed)
-    of an assignment's value or a return value: ``acc += a * b`` ... ``out[i] = acc``. Then the
-    adjoint only passes gradients through it and never needs its (stale) value."""
+def _only_summed(tree: ast.AST, name: str, inert: frozenset[str] = frozenset()) -> bool:
+    """Whether every read of the local ``name`` is an additive term (constant or ``inert``
+    factors allowed) of an assignment's value or a return value: ``acc += a * b`` ...
+    ``out[i] = acc * c``. Then the adjoint only passes gradients through it and never needs its
+    (stale) value for anything warpbridge returns."""
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)):
@@ -324,7 +393,7 @@ def _only_summed(tree: ast.AST, name: str) -> bool:
         value = getattr(stmt, "value", None)
         if not isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return)) or value is None:
             return False
-        if not _contains(value, node) or not _additive_term(value, node):
+        if not _contains(value, node) or not _additive_term(value, node, inert):
             return False
         if isinstance(stmt, ast.AugAssign) and not isinstance(stmt.op, (ast.Add, ast.Sub)):
             return False
@@ -392,7 +461,7 @@ def loop_hazards(kernel: Any) -> tuple[Hazard, ...]:
         is_int = vtype in wp._src.types.int_types or vtype in (wp.bool, int, bool)
         if is_int and isinstance(loop, ast.While) and not _used_outside(adj.tree, loop, sym):
             continue  # a while-loop counter: the reverse loop replays it in order
-        if not is_int and _only_summed(adj.tree, sym):
+        if not is_int and _only_summed(adj.tree, sym, inert_names(adj)):
             continue  # an accumulator read only additively: its adjoint never needs its value
         line = loop.lineno - 1 + adj.fun_lineno
         kind = "while" if isinstance(loop, ast.While) else "for"
@@ -408,11 +477,23 @@ def loop_hazards(kernel: Any) -> tuple[Hazard, ...]:
     return result
 
 
+_ACCESSES: dict[Any, Accesses] = {}
+
+
+def kernel_accesses(kernel: Any) -> Accesses:
+    """:func:`array_accesses` of every array parameter of ``kernel``, once per kernel."""
+    key = (kernel.module.name, kernel.key, getattr(kernel.adj, "source", None))
+    acc = _ACCESSES.get(key)
+    if acc is None:
+        names = {a.label for a in kernel.adj.args if wp.types.is_array(a.type)}
+        acc = _ACCESSES[key] = array_accesses(kernel.adj.tree, kernel.func, names)
+    return acc
+
+
 def kernel_hazards(kernel: Any, outputs: frozenset[str] | None = None) -> tuple[Hazard, ...]:
     """Every hazard of ``kernel``: dynamic loops, and overwritten reads of ``outputs`` (of any
     array parameter when ``outputs`` is None, as for kernels a launch function recorded)."""
-    names = {a.label for a in kernel.adj.args if wp.types.is_array(a.type)}
-    acc = array_accesses(kernel.adj.tree, kernel.func, names)
+    acc = kernel_accesses(kernel)
     over = {k: v for k, v in acc.overwritten.items() if outputs is None or k in outputs}
     return loop_hazards(kernel) + output_hazards(kernel.key, kernel.func, over)
 
@@ -428,7 +509,7 @@ def output_hazards(kernel_name: str, pyfunc: Any, overwritten: dict[str, int]) -
             kernel_name,
             f"{filename}:{first + line - 1}",
             name,
-            "an output element read, then overwritten by a non-additive store (the adjoint only sees the final value)",
+            "an output element read, then overwritten (by `=`, `*=`, or a `+=` of a value computed from it): the adjoint only sees the final value",
         )
         for name, line in overwritten.items()
     )
@@ -444,7 +525,8 @@ def refusal(op_name: str, hazards: tuple[Hazard, ...]) -> str:
         "Fixes: give the op its own backward (@op.backward, see docs/custom-backward.md); let Warp unroll the "
         "loop (a constant trip count up to the module's max_unroll option, 16 by default); "
         "or move the loop into a @wp.func with its own @wp.func_grad. If you know Warp's adjoint is right for this "
-        "kernel, pass trust_adjoint=True to wb.op."
+        "kernel, pass trust_adjoint=True to wb.op (or trust_adjoint=[kernel or @wp.func, ...] to vouch for "
+        "those only)."
     )
     return "\n".join(lines)
 
