@@ -59,8 +59,9 @@ def test_inputs_are_shared_without_a_copy():
 
     op = wb.op(record, name="dl_record")
     x, k = rand(5), rand(5)
+    op(Producer(x), Producer(k))  # a plan's first run is on copies (it checks no input is written)
     out = op(Producer(x), Producer(k))
-    assert seen == [(x.ctypes.data, k.ctypes.data)]
+    assert seen[0] != (x.ctypes.data, k.ctypes.data) and seen[1] == (x.ctypes.data, k.ctypes.data)
     np.testing.assert_allclose(out, np.exp(x) * k)
 
 

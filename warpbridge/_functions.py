@@ -4,6 +4,7 @@ differentiated by re-running them under a fresh ``wp.Tape``."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -15,11 +16,9 @@ from ._errors import WarpBridgeError, fail
 from ._signature import Param
 
 
-def _wrap(p: Param, device: Any, ptr: int, shape: Sequence[int], strides: Sequence[int], grad: Any = None) -> Any:
+def _wrap(p: Param, device: Any, ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
     # wp.array over foreign memory: no copy, no ownership; the caller keeps the buffer alive.
-    return wp.array(
-        ptr=ptr, dtype=p.wp_type.dtype, shape=tuple(shape), strides=tuple(strides), device=device, grad=grad
-    )
+    return wp.array(ptr=ptr, dtype=p.wp_type.dtype, shape=tuple(shape), strides=tuple(strides), device=device)
 
 
 def _scoped(device: Any, stream: Any):
@@ -36,11 +35,54 @@ def run_function(
     stream: Any = None,
     keywords: dict | None = None,
 ) -> None:
-    """Call a launch function on foreign buffers: ``ins``/``outs`` are data pointers."""
+    """Call a launch function on foreign buffers: ``ins``/``outs`` are data pointers.
+
+    A plan's first run is on copies of the inputs, compared with them afterwards: a function
+    that writes into an input is refused before it ever touches the caller's memory.
+    """
     sig, dev = plan.sig, plan.device
     args = _function_args(plan, ins, scalars, outs, None, None)
     with _scoped(dev, stream), first_run(plan, 0):
-        sig.func(*args, **(keywords or {}))
+        if plan.warm[0]:
+            sig.func(*args, **(keywords or {}))
+        else:
+            _run_on_copies(plan, args, keywords or {})
+
+
+def _run_on_copies(plan: _plan.Plan, args: list, keywords: dict) -> None:
+    sig = plan.sig
+    copies = list(args)
+    made: dict = {}  # one copy per view: inputs passed twice (a self-join) stay one array
+    for p in sig.array_inputs:
+        a = args[p.position]
+        key = (a.ptr, a.shape, a.strides, a.dtype)
+        if key not in made:
+            made[key] = wp.clone(a, requires_grad=False)
+        copies[p.position] = made[key]
+    sig.func(*copies, **keywords)
+    written = [p.name for p in sig.array_inputs if not _same_bytes(args[p.position], copies[p.position])]
+    if written:
+        raise _input_written(sig.name, sig.func, written)
+
+
+def _same_bytes(a: Any, b: Any) -> bool:
+    return a.size == 0 or _host_bytes(a) == _host_bytes(b)
+
+
+def _host_bytes(a: Any) -> bytes:
+    packed = wp.clone(a, device="cpu", requires_grad=False)
+    return ctypes.string_at(packed.ptr, packed.size * wp.types.type_size_in_bytes(packed.dtype))
+
+
+def _input_written(op_name: str, func: Any, names: Sequence[str], kernel: str = "") -> WarpBridgeError:
+    by = f" (kernel '{kernel}')" if kernel else ""
+    first = names[0]
+    return fail(
+        op_name,
+        f"launch function {func.__name__}() writes into its input array(s) {list(names)}{by}; warpbridge never "
+        f"modifies a caller's memory, and Warp's adjoint of a state updated in place is wrong. Update a copy "
+        f"(`{first} = wp.clone({first})` at the top of the function) or write the new state into an output",
+    )
 
 
 def run_function_adjoint(
@@ -58,16 +100,62 @@ def run_function_adjoint(
     Recomputing keeps no Warp state between forward and backward, so a retained graph can
     be back-propagated any number of times. ``outs`` are scratch buffers, ``out_grads`` private
     copies (the tape may add into them), ``in_grads`` zeroed buffers (0: no gradient).
+
+    warpbridge owns this tape: every floating array its launches use gets a gradient, whatever
+    ``requires_grad`` it was made with, so a scratch array cannot cut a gradient path.
     """
     args = _function_args(plan, ins, scalars, outs, in_grads, out_grads)
-    tape = wp.Tape()
-    with _scoped(plan.device, stream), first_run(plan, 1):
-        with tape:
-            kept = call_keeping_locals(plan.sig.func, args)
-        check_recorded(op, tape)
-        tape.backward()
-    del kept
+    tape = KeepingTape(sys._getframe())
+    owned: list = []
+    try:
+        with _scoped(plan.device, stream), first_run(plan, 1):
+            with tape:
+                plan.sig.func(*args)
+            check_recorded(op, tape, [args[p.position] for p in plan.sig.array_inputs])
+            owned = own_gradients(tape)
+            tape.backward()
+    finally:
+        for a in owned[1:]:
+            a.grad = None  # an array the function did not make (a global) gets its state back
+        tape.frames.clear()  # the frames refer back to this one
+    del owned
     # No tape.reset(): it zeroes every gradient it tracked, the ones just computed included.
+
+
+class KeepingTape(wp.Tape):
+    """A ``wp.Tape`` that keeps alive the frames that launched what it recorded.
+
+    The tape's launches refer to objects the function made (a ``wp.HashGrid``, a ``wp.Mesh``,
+    scratch arrays) only through ids and pointers; they must outlive ``tape.backward()``, which
+    runs after the function has returned. A frame kept past its return keeps its locals.
+    Frames from the launch up to (not including) ``stop`` are kept: helpers' too.
+    """
+
+    def __init__(self, stop: Any):
+        super().__init__()
+        self.frames: list = []
+        self._seen: set[int] = set()
+        self._stop = stop
+
+    def record_launch(self, *args: Any, **kwargs: Any) -> None:
+        self._keep_frames()
+        super().record_launch(*args, **kwargs)
+
+    def record_func(self, *args: Any, **kwargs: Any) -> None:
+        self._keep_frames()
+        super().record_func(*args, **kwargs)
+
+    def _keep_frames(self) -> None:
+        frame = sys._getframe(2)
+        while frame is not None and frame is not self._stop:
+            if id(frame) not in self._seen:
+                self._seen.add(id(frame))
+                self.frames.append(frame)
+            frame = frame.f_back
+
+    def kept_objects(self) -> list:
+        """The objects the kept frames' locals hold."""
+        return [v for f in self.frames for v in f.f_locals.values()]
 
 
 @contextlib.contextmanager
@@ -82,31 +170,6 @@ def first_run(plan: Any, which: int):
         plan.warm[which] = True
 
 
-def call_keeping_locals(func: Any, args: Sequence[Any]) -> list:
-    """Call ``func`` and return its local variables as they were when it returned.
-
-    The tape's launches refer to objects the function made (a ``wp.HashGrid``, a ``wp.Mesh``,
-    scratch arrays) only through ids and pointers; they must outlive ``tape.backward()``,
-    which runs after the function has returned.
-    """
-    code = getattr(func, "__code__", None)
-    kept: list = []
-    previous = sys.getprofile()
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "return" and frame.f_code is code:
-            kept.append(dict(frame.f_locals))
-        if previous is not None:
-            previous(frame, event, arg)
-
-    sys.setprofile(profile if code is not None else previous)
-    try:
-        func(*args)
-    finally:
-        sys.setprofile(previous)
-    return kept
-
-
 def recorded_kernels(tape: Any) -> list:
     """The kernels a ``wp.Tape`` recorded, in launch order."""
     found = []
@@ -119,17 +182,129 @@ def recorded_kernels(tape: Any) -> list:
     return found
 
 
-def check_recorded(op: Any, tape: Any) -> None:
-    """Rule 7 for launch functions: refuse if any kernel the tape recorded has a hazard."""
-    if op.trust_adjoint:
-        return
-    found: tuple = ()
+def check_recorded(op: Any, tape: KeepingTape, inputs: Sequence[Any]) -> None:
+    """Rule 7 for launch functions, before the tape's backward: no kernel with a hazard (unless
+    trusted), no write into an input, no mesh or BVH built over differentiable points."""
+    launches = [e for e in tape.launches if isinstance(e, (list, tuple))]
     for k in recorded_kernels(tape):
         if not k.options.get("enable_backward", k.module.options.get("enable_backward", True)):
             raise fail(op.name, f"cannot differentiate: kernel '{k.key}' was compiled with enable_backward=False")
-        found += _adjoint.kernel_hazards(k)
+    _check_input_writes(op, launches, inputs)
+    _check_geometry(op, tape, launches, inputs)
+    found: tuple = ()
+    for k in recorded_kernels(tape):
+        if not op.trusts(k):
+            found += tuple(h for h in _adjoint.kernel_hazards(k) if not op.trusts(h.kernel))
     if found:
         raise WarpBridgeError(_adjoint.refusal(op.name, found))
+
+
+def _launch_arrays(launch: Sequence[Any]) -> list[tuple[str, Any]]:
+    """(parameter name, argument) of one recorded launch."""
+    kernel = launch[0]
+    return list(zip((a.label for a in kernel.adj.args), list(launch[3]) + list(launch[4])))
+
+
+def _check_input_writes(op: Any, launches: list, inputs: Sequence[Any]) -> None:
+    spans = [(p.name, _span(a)) for p, a in zip(op.sig.array_inputs, inputs)]
+    for launch in launches:
+        writes = _adjoint.kernel_accesses(launch[0]).writes
+        for label, a in _launch_arrays(launch):
+            if label not in writes or not isinstance(a, wp.array):
+                continue
+            hit = [name for name, span in spans if _overlap(span, _span(a))]
+            if hit:
+                raise _input_written(op.name, op.sig.func, hit, launch[0].key)
+
+
+def _check_geometry(op: Any, tape: KeepingTape, launches: list, inputs: Sequence[Any]) -> None:
+    """Warp's adjoint never reaches a mesh's or BVH's points: refuse one built over points that
+    depend on an input receiving a gradient."""
+    tainted = [_span(a) for a in inputs if a.grad is not None]
+    for launch in launches:  # what depends on those inputs, launch by launch
+        acc = _adjoint.kernel_accesses(launch[0])
+        arrays = [(label, a) for label, a in _launch_arrays(launch) if isinstance(a, wp.array)]
+        read = [_span(a) for label, a in arrays if label in acc.reads | acc.unknown]
+        if any(_overlap(r, t) for r in read for t in tainted):
+            tainted += [_span(a) for label, a in arrays if label in acc.writes]
+    used = {v for launch in launches for v in launch[3] if isinstance(v, int)}
+    for obj in tape.kept_objects():
+        points = _geometry_points(obj)
+        if not points or obj.id not in used:
+            continue
+        if any(_overlap(_span(p), t) for p in points for t in tainted):
+            raise fail(
+                op.name,
+                f"cannot differentiate: launch function {op.sig.func.__name__}() queries a {type(obj).__name__} "
+                "built over points that depend on a differentiable input, and Warp's adjoint never reaches a "
+                f"{type(obj).__name__}'s points (their gradient would be zero). Give the op its own backward "
+                "(@op.backward, see docs/custom-backward.md), or pass the points without requires_grad",
+            )
+
+
+def _geometry_points(obj: Any) -> list:
+    if isinstance(obj, wp.Mesh):
+        return [obj.points]
+    if isinstance(obj, wp.Bvh):
+        return [obj.lowers, obj.uppers]
+    return []
+
+
+def _span(a: Any) -> tuple[int, int]:
+    """The bytes an array can touch: [first, end)."""
+    if a is None or not a.size or not a.ptr:
+        return (0, 0)
+    last = sum((n - 1) * s for n, s in zip(a.shape, a.strides))
+    return (a.ptr, a.ptr + last + wp.types.type_size_in_bytes(a.dtype))
+
+
+def _overlap(x: tuple[int, int], y: tuple[int, int]) -> bool:
+    return x[0] < y[1] and y[0] < x[1]
+
+
+def own_gradients(tape: Any) -> list:
+    """Give each floating array the tape's launches use and that has no gradient one, zeroed.
+
+    Arrays over overlapping memory (a scratch array and its views) share one gradient buffer
+    laid out like their memory, so a gradient written through one view is read through the
+    others. Returns the buffers first, then the arrays given a gradient.
+    """
+    bare: dict[int, Any] = {}
+    for launch in tape.launches:
+        if not isinstance(launch, (list, tuple)):
+            continue
+        for a in list(launch[3]) + list(launch[4]):
+            if isinstance(a, wp.array) and a.grad is None and a.size and _floating(a.dtype):
+                bare.setdefault(id(a), a)
+    arrays = sorted(bare.values(), key=lambda a: _span(a)[0])
+    buffers, group, end = [], [], 0
+    for a in arrays + [None]:
+        span = _span(a) if a is not None else (end, end)
+        if group and span[0] >= end:
+            buffers.append(_shared_gradient(group))
+            group = []
+        if a is not None:
+            end = max(end, span[1]) if group else span[1]
+            group.append(a)
+    return [buffers, *arrays]
+
+
+def _shared_gradient(group: list) -> Any:
+    start = min(_span(a)[0] for a in group)
+    end = max(_span(a)[1] for a in group)
+    buffer = wp.zeros(end - start, dtype=wp.uint8, device=group[0].device)
+    for a in group:
+        a.grad = wp.array(
+            ptr=buffer.ptr + a.ptr - start, dtype=a.dtype, shape=a.shape, strides=a.strides, device=a.device
+        )
+    return buffer
+
+
+_FLOATS = (wp.float16, wp.bfloat16, wp.float32, wp.float64)
+
+
+def _floating(dtype: Any) -> bool:
+    return getattr(dtype, "_wp_scalar_type_", dtype) in _FLOATS
 
 
 # The most array views a plan keeps for the forward (see _function_args).
@@ -154,24 +329,40 @@ def _function_args(plan, ins, scalars, outs, in_grads, out_grads):
             args.append(next(vals))
             continue
         shape, strides = plan.in_layouts[k]
-        grad = None
-        if in_grads is not None and in_grads[k]:
-            grad = _wrap(p, dev, in_grads[k], shape, plan.in_grad_strides[k])
-        if views is None:
-            args.append(_wrap(p, dev, ins[k], shape, strides, grad))
-        else:
+        if views is not None:
             args.append(_kept_view(views, k, p, dev, ins[k], shape, strides))
+        elif in_grads is not None and in_grads[k]:
+            grad = _wrap(p, dev, in_grads[k], shape, plan.in_grad_strides[k])
+            args.append(_with_grad(_wrap(p, dev, ins[k], shape, strides), grad))
+        else:
+            args.append(_wrap(p, dev, ins[k], shape, strides))
         k += 1
     for j, p in enumerate(sig.outputs):
-        grad = None
-        if out_grads is not None:
+        shape, strides = plan.out_shapes[j], plan.out_strides[j]
+        if views is not None:
+            args.append(_kept_view(views, -1 - j, p, dev, outs[j], shape, strides))
+        elif out_grads is not None:
             gptr, gstrides = out_grads[j]
-            grad = _wrap(p, dev, gptr, plan.out_shapes[j], gstrides)
-        if views is None:
-            args.append(_wrap(p, dev, outs[j], plan.out_shapes[j], plan.out_strides[j], grad))
+            args.append(_with_grad(_wrap(p, dev, outs[j], shape, strides), _wrap(p, dev, gptr, shape, gstrides)))
         else:
-            args.append(_kept_view(views, -1 - j, p, dev, outs[j], plan.out_shapes[j], plan.out_strides[j]))
+            args.append(_wrap(p, dev, outs[j], shape, strides))
     return args
+
+
+def _with_grad(data: Any, grad: Any) -> Any:
+    """``data`` with ``grad`` as its gradient. Warp wants both laid out alike: a size-1 dimension's
+    stride is free (a ``(1,)`` loss's incoming gradient has stride 0); otherwise each side that
+    is not packed is replaced by a packed copy (an input's gradient buffer is always packed, so
+    such an input is read from a copy, an incoming gradient is copied)."""
+    if any(n > 1 and a != b for n, a, b in zip(data.shape, data.strides, grad.strides)):
+        if not grad.is_contiguous:
+            grad = wp.clone(grad)
+        if not data.is_contiguous:
+            data = wp.clone(data, requires_grad=False)
+    if grad.strides != data.strides:
+        grad = wp.array(ptr=grad.ptr, dtype=grad.dtype, shape=grad.shape, strides=data.strides, device=grad.device)
+    data.grad = grad
+    return data
 
 
 def _kept_view(views: dict, position: int, p: Param, device: Any, ptr: int, shape: Any, strides: Any) -> Any:

@@ -9,7 +9,8 @@ import inspect
 import pickle
 import re
 import threading
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, overload
 
 import warp as wp
 
@@ -38,7 +39,7 @@ class WarpOp:
         name: str | None = None,
         vmap_method: str = "sequential",
         backward: Any = None,
-        trust_adjoint: bool = False,
+        trust_adjoint: bool | Sequence[Any] = False,
         aux: Any = (),
         _registered_as: str | None = None,
     ):
@@ -49,9 +50,7 @@ class WarpOp:
         if vmap_method not in VMAP_METHODS:
             raise fail(name, f"vmap_method must be one of {', '.join(map(repr, VMAP_METHODS))}, got {vmap_method!r}")
         self.vmap_method = vmap_method
-        if not isinstance(trust_adjoint, bool):
-            raise fail(name, f"trust_adjoint must be a bool, got {trust_adjoint!r}")
-        self.trust_adjoint = trust_adjoint
+        self.trust_adjoint = _trusted(name, trust_adjoint)
         self.custom_backward: _backward.CustomBackward | None = None
         _plan.ensure_init()
         self.name = name
@@ -78,7 +77,7 @@ class WarpOp:
             output_dims=self.output_dims,
             name=name if explicit else None,
             vmap_method=vmap_method,
-            trust_adjoint=trust_adjoint,
+            trust_adjoint=self.trust_adjoint,
         )
         if self.sig.visible != tuple(range(len(self.sig.outputs))):
             self._options["aux"] = tuple(p.name for p in self.sig.outputs if p.aux)
@@ -149,11 +148,20 @@ class WarpOp:
                 "Re-create it with enable_backward=True, give the op its own backward (@op.backward), or run "
                 "the op without gradients",
             )
-        if self.trust_adjoint:
+        if self.trusts(sig.kernel):
             return
-        found = sig.hazards()
+        found = tuple(h for h in sig.hazards() if not self.trusts(h.kernel))
         if found:
             raise WarpBridgeError(_adjoint.refusal(self.name, found))
+
+    def trusts(self, what: Any) -> bool:
+        """Whether ``trust_adjoint`` vouches for ``what``: a kernel, or a kernel's or
+        ``@wp.func``'s name (as a hazard names it)."""
+        if isinstance(self.trust_adjoint, bool) or what is None:
+            return self.trust_adjoint is True
+        if isinstance(what, str):
+            return any(what in (t.key, getattr(t.func, "__name__", None)) for t in self.trust_adjoint)
+        return what in self.trust_adjoint
 
     def __call__(self, *args: Any, launch_dims: Any = None, output_dims: Any = None) -> Any:
         """Run the op on framework arrays; see :func:`warpbridge.op`."""
@@ -258,9 +266,12 @@ class WarpOp:
         # Pickled by reference: the wrapped callable's module and qualified name, and the
         # options (torch.save(model), spawn/forkserver DataLoader workers).
         fn, bwd = self.fn, self.custom_backward.fn if self.custom_backward is not None else None
+        options = dict(self._options)
+        if isinstance(self.trust_adjoint, tuple):
+            options["trust_adjoint"] = [_reference(self.name, t) for t in self.trust_adjoint]
         return (
             _unpickle,
-            (_reference(self.name, fn), _reference(self.name, bwd) if bwd is not None else None, self._options),
+            (_reference(self.name, fn), _reference(self.name, bwd) if bwd is not None else None, options),
         )
 
     def __deepcopy__(self, memo: dict) -> WarpOp:
@@ -316,7 +327,7 @@ class WarpOp:
 
 
 def _reference(op_name: str, fn: Any) -> tuple[str, str]:
-    target = fn.func if isinstance(fn, wp.Kernel) else fn
+    target = fn.func if isinstance(fn, (wp.Kernel, wp.Function)) else fn
     module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", "")
     if not module or "<locals>" in qualname or "<lambda>" in qualname:
         raise pickle.PicklingError(
@@ -335,6 +346,8 @@ def _resolve(ref: tuple[str, str]) -> Any:
 
 
 def _unpickle(fn_ref: tuple, bwd_ref: tuple | None, options: dict) -> WarpOp:
+    if isinstance(options.get("trust_adjoint"), list):
+        options = {**options, "trust_adjoint": tuple(_resolve(r) for r in options["trust_adjoint"])}
     module, qualname = fn_ref
     obj = importlib.import_module(module)
     for part in qualname.split("."):
@@ -348,15 +361,37 @@ def _unpickle(fn_ref: tuple, bwd_ref: tuple | None, options: dict) -> WarpOp:
     return result
 
 
+def _trusted(name: str, trust: Any) -> bool | tuple:
+    """``trust_adjoint`` as True, False or a tuple of the kernels and ``@wp.func``s vouched for."""
+    if isinstance(trust, bool):
+        return trust
+    if isinstance(trust, (wp.Kernel, wp.Function)):
+        trust = (trust,)
+    if isinstance(trust, (list, tuple)) and all(isinstance(t, (wp.Kernel, wp.Function)) for t in trust):
+        return tuple(trust)
+    raise fail(
+        name,
+        f"trust_adjoint must be a bool or a list of wp.Kernel / @wp.func objects whose adjoint you vouch for, "
+        f"got {trust!r}",
+    )
+
+
 def _registration_name(fn: Any, options: dict) -> str:
     target = fn.func if isinstance(fn, wp.Kernel) else fn
     module = getattr(target, "__module__", None) or "main"
     qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", "op")
     # callables (a backward, output_dims) by their source: a repr would hold a memory address
-    stable = sorted((k, _source_of(v) if callable(v) else v) for k, v in options.items())
+    stable = sorted((k, _stable(v)) for k, v in options.items())
     digest = hashlib.sha256((_source_of(fn) + repr(stable)).encode()).hexdigest()[:10]
     base = re.sub(r"\W+", "_", f"{module}__{qualname.replace('<locals>', 'locals')}").strip("_")
     return f"{base}__{digest}"
+
+
+def _stable(value: Any) -> Any:
+    """An option as text that is the same in every process (callables and kernels by source)."""
+    if isinstance(value, tuple) and value and all(isinstance(v, (wp.Kernel, wp.Function)) for v in value):
+        return tuple(_source_of(v) for v in value)
+    return _source_of(value) if callable(value) else value
 
 
 def _source_of(fn: Any) -> str:
@@ -397,6 +432,35 @@ def _find_adapter(op: WarpOp, args: tuple) -> Any:
     return backend
 
 
+@overload
+def op(
+    *,
+    num_outputs: int = 1,
+    launch_dims: Any = None,
+    output_dims: Any = None,
+    name: str | None = None,
+    vmap_method: str = "sequential",
+    backward: Any = None,
+    trust_adjoint: bool | Sequence[Any] = False,
+    aux: Any = (),
+) -> Callable[[Any], WarpOp]: ...
+
+
+@overload
+def op(
+    fn: Any,
+    *,
+    num_outputs: int = 1,
+    launch_dims: Any = None,
+    output_dims: Any = None,
+    name: str | None = None,
+    vmap_method: str = "sequential",
+    backward: Any = None,
+    trust_adjoint: bool | Sequence[Any] = False,
+    aux: Any = (),
+) -> WarpOp: ...
+
+
 def op(
     fn: Any = None,
     *,
@@ -406,9 +470,9 @@ def op(
     name: str | None = None,
     vmap_method: str = "sequential",
     backward: Any = None,
-    trust_adjoint: bool = False,
+    trust_adjoint: bool | Sequence[Any] = False,
     aux: Any = (),
-) -> Any:
+) -> WarpOp | Callable[[Any], WarpOp]:
     """Turn a Warp kernel, or a function that launches kernels, into a differentiable operator.
 
     Args:
@@ -444,8 +508,10 @@ def op(
             saved for the backward, but never returned to the caller and never differentiated
             (the backward gets no ``adj_`` for them). See ``docs/custom-backward.md``.
         trust_adjoint: skip the check that refuses gradients Warp's adjoint gets wrong
-            (variables changed in dynamic loops, outputs read then overwritten). Only for
-            kernels whose adjoint you have checked, e.g. with ``warpbridge.testing.check_op``.
+            (variables changed in dynamic loops, outputs read then overwritten): ``True`` for
+            every kernel, or a list of the kernels and ``@wp.func``s you vouch for (the others
+            a launch function runs are still checked). Only for adjoints you have checked, e.g.
+            with ``warpbridge.testing.check_op``.
 
     Returns:
         A :class:`WarpOp`; without ``fn``, a decorator that makes one.

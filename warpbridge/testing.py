@@ -132,7 +132,24 @@ def check_op(
                     f"max error {float(err.max()):.3g} (at flat index {k}: op {float(g.reshape(-1)[k]):.6g}, "
                     f"finite differences {float(flat[k]):.6g}; atol={atol}, rtol={rtol})"
                 )
-    # 2. reentrancy: a retained graph back-propagated three times gives exactly three times
+    # 2. each input differentiated alone gets the gradient it got with the others: a gradient
+    # path must not depend on which other inputs require grad (a launch function's
+    # wp.zeros_like(x) requires grad only when x does)
+    if len(chosen) > 1:
+        for p, g in zip(chosen, grads):
+            alone = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+            alone[p.position] = args[p.position].detach().clone().requires_grad_(True)
+            o = outputs(alone)
+            (g_alone,) = torch.autograd.grad([o[j] for j, _ in floats], [alone[p.position]], cot, allow_unused=True)
+            want = torch.zeros_like(alone[p.position]) if g is None else g
+            got = torch.zeros_like(want) if g_alone is None else g_alone
+            if not torch.allclose(got, want, rtol=1e-6, atol=1e-12):
+                raise AssertionError(
+                    f"check_op({op.name}): the gradient of input '{p.name}' differentiated alone is "
+                    f"{float((got - want).abs().max()):.3g} off its gradient with the other inputs (a gradient "
+                    "path depends on which inputs require grad)"
+                )
+    # 3. reentrancy: a retained graph back-propagated three times gives exactly three times
     for x in xs:
         x.grad = None
     for _ in range(3):
@@ -147,7 +164,7 @@ def check_op(
             )
         x.grad = None
     untouched("by repeated backwards")
-    # 3. torch.library.opcheck on the registered op
+    # 4. torch.library.opcheck on the registered op
     if opcheck:
         from ._torch import _library
 

@@ -1,0 +1,194 @@
+"""Warp code as users write it (in-place state, scratch arrays, meshes, augmented stores), for
+``tests/test_real_warp_code.py``. float64 throughout, so gradients can be checked against finite
+differences."""
+
+import warp as wp
+
+f64 = wp.float64
+
+
+@wp.kernel
+def advance(x: wp.array(dtype=f64), v: wp.array(dtype=f64), dt: f64):
+    i = wp.tid()
+    x[i] = x[i] + v[i] * dt
+
+
+@wp.kernel
+def square_into(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    i = wp.tid()
+    y[i] = x[i] * x[i]
+
+
+@wp.kernel
+def axpy_into(x: wp.array(dtype=f64), v: wp.array(dtype=f64), a: f64, y: wp.array(dtype=f64)):
+    i = wp.tid()
+    y[i] = x[i] + a * v[i]
+
+
+def step_in_place(x: wp.array(dtype=f64), v: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """Updates its input ``x`` in place (Warp's examples' style), then squares it."""
+    wp.launch(advance, dim=x.shape[0], inputs=[x, v, f64(0.3)])
+    wp.launch(square_into, dim=x.shape[0], inputs=[x, y])
+
+
+def step_on_a_clone(x: wp.array(dtype=f64), v: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """The same step on a copy of ``x``: the caller's memory is never written."""
+    x = wp.clone(x)
+    wp.launch(advance, dim=x.shape[0], inputs=[x, v, f64(0.3)])
+    wp.launch(square_into, dim=x.shape[0], inputs=[x, y])
+
+
+def via_plain_zeros(x: wp.array(dtype=f64), v: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """A scratch array made without requires_grad between the inputs and the output."""
+    s = wp.zeros(x.shape[0], dtype=f64, device=x.device)
+    wp.launch(axpy_into, dim=x.shape[0], inputs=[x, v, f64(2.0), s])
+    wp.launch(square_into, dim=x.shape[0], inputs=[s, y])
+
+
+def via_empty_view(x: wp.array(dtype=f64), v: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """A scratch array made with wp.empty, written through one view and read through another."""
+    n = x.shape[0]
+    s = wp.empty(2 * n, dtype=f64, device=x.device)
+    wp.launch(axpy_into, dim=n, inputs=[x, v, f64(2.0), s[n:]])
+    wp.launch(square_into, dim=n, inputs=[s.reshape((2, n))[1], y])
+
+
+def via_zeros_like(x: wp.array(dtype=f64), v: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """``wp.zeros_like(x)``: it requires grad only when ``x`` does."""
+    s = wp.zeros_like(x)
+    wp.launch(axpy_into, dim=x.shape[0], inputs=[x, v, f64(0.1), s])
+    wp.launch(square_into, dim=x.shape[0], inputs=[s, y])
+
+
+# -- augmented stores that read the output they update ---------------------------------------
+
+
+@wp.kernel
+def iadd_reads_output(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    i = wp.tid()
+    y[i] = x[i]
+    for _k in range(3):
+        y[i] += f64(0.5) * y[i] * x[i]
+
+
+@wp.kernel
+def isub_reads_output(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    i = wp.tid()
+    y[i] = x[i]
+    y[i] -= wp.cos(y[i])
+
+
+@wp.kernel
+def component_iadd_reads_output(x: wp.array(dtype=wp.vec2d), y: wp.array(dtype=wp.vec2d)):
+    i = wp.tid()
+    y[i] = x[i]
+    y[i][0] += y[i][0] * y[i][1]
+
+
+@wp.kernel
+def iadd_linear_in_output(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    # additive in y[i] (a constant factor): the adjoint never needs y's value
+    i = wp.tid()
+    y[i] = x[i] * x[i]
+    y[i] += f64(2.0) * y[i] + x[i]
+
+
+@wp.kernel
+def iadd_accumulates(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    i = wp.tid()
+    for k in range(3):
+        y[i] += x[i] * f64(k + 1)
+
+
+# -- a hash-grid density: a loop accumulator times a runtime scalar ---------------------------
+
+
+@wp.kernel
+def density_times_scalar(
+    grid: wp.uint64, pts: wp.array(dtype=wp.vec3d), mass: wp.array(dtype=f64), c: f64, rho: wp.array(dtype=f64)
+):
+    # Warp's sph example's compute_density shape: acc summed in the query loop, then acc * c
+    i = wp.tid()
+    p = pts[i]
+    acc = f64(0.0)
+    for j in wp.hash_grid_query(grid, wp.vec3(p), 0.5):
+        acc += mass[j] * wp.exp(-wp.length(pts[j] - p))
+    rho[i] = acc * c
+
+
+@wp.kernel
+def density_times_array(
+    grid: wp.uint64,
+    pts: wp.array(dtype=wp.vec3d),
+    mass: wp.array(dtype=f64),
+    c: wp.array(dtype=f64),
+    rho: wp.array(dtype=f64),
+):
+    # the same, but the factor is a differentiable array: its adjoint needs the stale acc
+    i = wp.tid()
+    p = pts[i]
+    acc = f64(0.0)
+    for j in wp.hash_grid_query(grid, wp.vec3(p), 0.5):
+        acc += mass[j] * wp.exp(-wp.length(pts[j] - p))
+    rho[i] = acc * c[i]
+
+
+@wp.kernel
+def scale_into(x: wp.array(dtype=f64), c: f64, y: wp.array(dtype=f64)):
+    i = wp.tid()
+    y[i] = x[i] * c
+
+
+def _grid(pts: wp.array(dtype=wp.vec3d)) -> wp.HashGrid:
+    grid = wp.HashGrid(8, 8, 8, device=pts.device)
+    grid.build(wp.array(pts.numpy().astype("float32"), dtype=wp.vec3, device=pts.device), 0.5)
+    return grid
+
+
+def density_scaled(pts: wp.array(dtype=wp.vec3d), mass: wp.array(dtype=f64), rho: wp.array(dtype=f64)):
+    grid = _grid(pts)
+    wp.launch(density_times_scalar, dim=pts.shape[0], inputs=[grid.id, pts, mass, f64(2.0), rho])
+
+
+def density_then_scale(
+    pts: wp.array(dtype=wp.vec3d), mass: wp.array(dtype=f64), c: wp.array(dtype=f64), rho: wp.array(dtype=f64)
+):
+    """Two kernels: the refused one (``density_times_array``) and a harmless one."""
+    grid = _grid(pts)
+    tmp = wp.zeros(pts.shape[0], dtype=f64, device=pts.device, requires_grad=True)
+    wp.launch(density_times_array, dim=pts.shape[0], inputs=[grid.id, pts, mass, c, tmp])
+    wp.launch(scale_into, dim=pts.shape[0], inputs=[tmp, f64(3.0), rho])
+
+
+# -- a mesh built from a differentiable input inside a launch function -----------------------
+
+
+@wp.kernel
+def closest_distance(mesh: wp.uint64, q: wp.array(dtype=wp.vec3), d: wp.array(dtype=float)):
+    i = wp.tid()
+    hit = wp.mesh_query_point_no_sign(mesh, q[i], 10.0)
+    if hit.result:
+        d[i] = wp.length(wp.mesh_eval_position(mesh, hit.face, hit.u, hit.v) - q[i])
+
+
+def distance_to_mesh(
+    verts: wp.array(dtype=wp.vec3),
+    faces: wp.array(dtype=wp.int32),
+    q: wp.array(dtype=wp.vec3),
+    d: wp.array(dtype=float),
+):
+    mesh = wp.Mesh(points=verts, indices=faces)
+    wp.launch(closest_distance, dim=q.shape[0], inputs=[mesh.id, q, d])
+
+
+# -- a Warp-style loss of shape (1,) ---------------------------------------------------------
+
+
+@wp.kernel
+def sum_squares(x: wp.array(dtype=f64), loss: wp.array(dtype=f64)):
+    i = wp.tid()
+    wp.atomic_add(loss, 0, x[i] * x[i])
+
+
+def loss_function(x: wp.array(dtype=f64), loss: wp.array(dtype=f64)):
+    wp.launch(sum_squares, dim=x.shape[0], inputs=[x, loss])

@@ -1,0 +1,276 @@
+"""Warp code as users write it, through ``wb.op``: right or refused, never silently wrong.
+
+Launch functions that update an input in place, scratch arrays made without
+``requires_grad``, augmented stores that read an output, meshes over differentiable points,
+Warp-style ``(1,)`` losses, a profiler running, hash-grid accumulators times a scalar, and
+``trust_adjoint`` for some kernels only. Gradients against float64 finite differences.
+"""
+
+import cProfile
+import pathlib
+
+import numpy as np
+import pytest
+import realcode_kernels as K
+import torch
+import warp as wp
+
+import warpbridge as wb
+from warpbridge.testing import check_op
+
+f64 = torch.float64
+
+
+def fd(fn, args, i, eps=1e-6):
+    """Central finite differences of sum(fn(*args)) with respect to args[i] (float64)."""
+    x = args[i].detach().clone()
+    g = torch.zeros_like(x)
+    for k in range(x.numel()):
+        plus = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+        minus = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+        plus[i].view(-1)[k] += eps
+        minus[i].view(-1)[k] -= eps
+        g.view(-1)[k] = (fn(*plus).sum() - fn(*minus).sum()) / (2 * eps)
+    return g
+
+
+def state(n=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return 0.5 + torch.rand(n, generator=g, dtype=f64), torch.rand(n, generator=g, dtype=f64)
+
+
+# -- the caller's memory is never written -----------------------------------------------------
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_launch_function_writing_an_input_is_refused_before_it_touches_it(grad):
+    x0, v0 = state()
+    x, v = x0.clone().requires_grad_(grad), v0.clone()
+    op = wb.op(K.step_in_place)
+    with pytest.raises(wb.WarpBridgeError, match=r"step_in_place\(\) writes into its input array\(s\) \['x'\]") as e:
+        op(x, v)
+    assert "wp.clone(x)" in str(e.value)
+    assert torch.equal(x.detach(), x0)  # never written, not even on the first call
+    assert x.grad is None
+
+
+def test_the_same_step_on_a_copy_is_right():
+    x0, v0 = state()
+    op = wb.op(K.step_on_a_clone)
+    x, v = x0.clone().requires_grad_(), v0.clone().requires_grad_()
+    y = op(x, v)
+    torch.testing.assert_close(y, (x0 + 0.3 * v0) ** 2)
+    y.sum().backward()
+    assert torch.equal(x.detach(), x0)
+    torch.testing.assert_close(x.grad, fd(op, [x0, v0], 0))
+    torch.testing.assert_close(v.grad, fd(op, [x0, v0], 1))
+
+
+# -- no gradient path silently dropped by a scratch array -------------------------------------
+
+
+@pytest.mark.parametrize("fn", [K.via_plain_zeros, K.via_empty_view, K.via_zeros_like])
+@pytest.mark.parametrize("which", [0, 1])
+def test_scratch_arrays_without_requires_grad_carry_the_gradient(fn, which):
+    x0, v0 = state()
+    op = wb.op(fn)
+    args = [x0.clone(), v0.clone()]
+    args[which].requires_grad_(True)  # the other input does not require grad
+    op(*args).sum().backward()
+    torch.testing.assert_close(args[which].grad, fd(op, [x0, v0], which))
+
+
+def test_check_op_differentiates_each_input_alone():
+    x0, v0 = state()
+    check_op(wb.op(K.via_zeros_like), x0, v0, opcheck=False)
+
+
+def test_gradient_of_a_global_scratch_array_is_given_back():
+    # an array the function did not make gets its gradient state back after the backward
+    x0, v0 = state()
+    K.GLOBAL_SCRATCH = wp.zeros(6, dtype=wp.float64)
+
+    def via_global(x: wp.array(dtype=wp.float64), v: wp.array(dtype=wp.float64), y: wp.array(dtype=wp.float64)):
+        wp.launch(K.axpy_into, dim=6, inputs=[x, v, wp.float64(2.0), K.GLOBAL_SCRATCH])
+        wp.launch(K.square_into, dim=6, inputs=[K.GLOBAL_SCRATCH, y])
+
+    op = wb.op(via_global)
+    v = v0.clone().requires_grad_()
+    op(x0, v).sum().backward()
+    torch.testing.assert_close(v.grad, fd(op, [x0, v0], 1))
+    assert K.GLOBAL_SCRATCH.grad is None and not K.GLOBAL_SCRATCH.requires_grad
+
+
+# -- augmented stores that read the output ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kernel, line",
+    [
+        (K.iadd_reads_output, "y[i] += f64(0.5) * y[i] * x[i]"),
+        (K.isub_reads_output, "y[i] -= wp.cos(y[i])"),
+        (K.component_iadd_reads_output, "y[i][0] += y[i][0] * y[i][1]"),
+    ],
+)
+def test_augmented_store_that_reads_the_output_is_refused(kernel, line):
+    op = wb.op(kernel)
+    x = torch.rand(4, 2, dtype=f64) if kernel is K.component_iadd_reads_output else state()[0]
+    x.requires_grad_(True)
+    with pytest.raises(wb.WarpBridgeError, match="variable 'y' is an output element read, then overwritten") as e:
+        op(x).sum().backward()
+    where = str(e.value).split(".py:")[1].split(":")[0]
+    source = pathlib.Path(K.__file__).read_text().splitlines()
+    assert source[int(where) - 1].strip() == line
+
+
+@pytest.mark.parametrize("kernel", [K.iadd_linear_in_output, K.iadd_accumulates])
+def test_augmented_stores_warp_gets_right_are_accepted(kernel):
+    check_op(wb.op(kernel), state()[0], opcheck=False)
+
+
+# -- meshes and BVHs over differentiable points -----------------------------------------------
+
+
+def query_count(verts, faces, q):
+    return (q[0],)
+
+
+def _triangle():
+    verts = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    faces = torch.tensor([0, 1, 2], dtype=torch.int32)
+    q = torch.tensor([[0.2, 0.2, 0.5], [0.3, 0.1, -0.7], [0.1, 0.6, 0.3]])
+    return verts, faces, q
+
+
+def test_mesh_built_over_differentiable_points_is_refused():
+    verts, faces, q = _triangle()
+    op = wb.op(K.distance_to_mesh, output_dims=query_count)
+    verts.requires_grad_(True)
+    d = op(verts, faces, q)
+    torch.testing.assert_close(d, torch.tensor([0.5, 0.7, 0.3]))
+    with pytest.raises(wb.WarpBridgeError, match="queries a Mesh built over points that depend on a differentiable"):
+        d.sum().backward()
+    assert verts.grad is None
+
+
+def test_mesh_over_constant_points_differentiates_the_queries():
+    verts, faces, q = _triangle()
+    op = wb.op(K.distance_to_mesh, output_dims=query_count)
+    q.requires_grad_(True)
+    op(verts, faces, q).sum().backward()
+    # the distance to the triangle's plane z = 0: d/dq = sign(z) along z
+    torch.testing.assert_close(q.grad, torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, -1.0], [0.0, 0.0, 1.0]]))
+
+
+# -- a Warp-style (1,) loss, and a profiler ---------------------------------------------------
+
+
+@pytest.mark.parametrize("reduce", ["sum", "index", "backward"])
+def test_a_shape_one_loss_back_propagates(reduce):
+    x0 = state()[0]
+    op = wb.op(K.loss_function, output_dims=(1,))
+    x = x0.clone().requires_grad_()
+    loss = op(x)
+    assert loss.shape == (1,)
+    {"sum": lambda: loss.sum().backward(), "index": lambda: loss[0].backward(), "backward": loss.backward}[
+        reduce
+    ]() if reduce != "backward" else loss.backward(torch.ones(1, dtype=f64))
+    torch.testing.assert_close(x.grad, 2 * x0)
+
+
+def test_launch_function_backward_under_a_profiler():
+    x0, v0 = state()
+    op = wb.op(K.via_plain_zeros)
+    v = v0.clone().requires_grad_()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        op(x0, v).sum().backward()
+        ops_after = sum(1 for _ in range(3))  # noqa: F841 - something for the profiler to see
+    finally:
+        profiler.disable()
+    torch.testing.assert_close(v.grad, fd(op, [x0, v0], 1))
+    stats = profiler.getstats()
+    assert any(getattr(e.code, "co_name", "") == "via_plain_zeros" for e in stats)  # still profiling
+
+
+# -- hash-grid accumulators, helpers' objects kept alive, trust per kernel -------------------
+
+
+def _cloud(n=24, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 3, generator=g, dtype=f64), 0.5 + torch.rand(n, generator=g, dtype=f64)
+
+
+def test_loop_accumulator_times_a_scalar_is_accepted_and_right():
+    pts, mass = _cloud()
+    op = wb.op(K.density_scaled)
+    m = mass.clone().requires_grad_()
+    op(pts, m).sum().backward()
+    torch.testing.assert_close(m.grad, fd(op, [pts, mass], 1))
+
+
+def test_loop_accumulator_times_an_array_is_refused():
+    pts, mass = _cloud()
+    op = wb.op(K.density_then_scale)
+    c = torch.rand(24, dtype=f64, requires_grad=True)
+    with pytest.raises(wb.WarpBridgeError, match=r"kernel 'density_times_array'.*variable 'acc'"):
+        op(pts, mass, c).sum().backward()
+
+
+def test_objects_a_helper_made_live_through_the_backward():
+    # the hash grid exists only in the helper's frame, which has returned before the backward
+    pts, mass = _cloud()
+
+    def launch_density(pts, mass, rho):
+        grid = K._grid(pts)
+        wp.launch(K.density_times_scalar, dim=pts.shape[0], inputs=[grid.id, pts, mass, wp.float64(2.0), rho])
+
+    def density(pts: wp.array(dtype=wp.vec3d), mass: wp.array(dtype=wp.float64), rho: wp.array(dtype=wp.float64)):
+        launch_density(pts, mass, rho)
+
+    op = wb.op(density)
+    m = mass.clone().requires_grad_()
+    op(pts, m).sum().backward()
+    torch.testing.assert_close(m.grad, fd(op, [pts, mass], 1))
+
+
+def test_trust_adjoint_covers_only_the_kernels_named():
+    pts, mass = _cloud()
+    c = torch.rand(24, dtype=f64, requires_grad=True)
+    with pytest.raises(wb.WarpBridgeError, match="density_times_array"):
+        wb.op(K.density_then_scale, trust_adjoint=[K.scale_into])(pts, mass, c).sum().backward()
+    trusted = wb.op(K.density_then_scale, trust_adjoint=[K.density_times_array])
+    trusted(pts, mass, c).sum().backward()  # the user vouched for it: no refusal
+    assert c.grad is not None
+    with pytest.raises(wb.WarpBridgeError, match="trust_adjoint must be a bool or a list of wp.Kernel"):
+        wb.op(K.density_then_scale, trust_adjoint=["density_times_array"])
+
+
+def test_trust_adjoint_names_a_func():
+    # a hazard inside a @wp.func is cleared by trusting that function
+    import adjoint_kernels as A
+
+    with pytest.raises(wb.WarpBridgeError):
+        wb.op(A.loop_in_func)(torch.rand(3, dtype=f64, requires_grad=True), 2).sum().backward()
+    x = torch.rand(3, dtype=f64, requires_grad=True)
+    wb.op(A.loop_in_func, trust_adjoint=[A.pow_func])(x, 2).sum().backward()
+    assert x.grad is not None
+
+
+def test_no_input_bytes_change_in_any_call():
+    # forward, backward, repeated: every caller's array keeps its bytes
+    x0, v0 = state()
+    x, v = x0.clone().requires_grad_(), v0.clone().requires_grad_()
+    op = wb.op(K.via_empty_view)
+    for _ in range(2):
+        op(x, v).sum().backward()
+    assert np.array_equal(x.detach().numpy(), x0.numpy()) and np.array_equal(v.detach().numpy(), v0.numpy())
+
+
+def test_op_is_typed_for_both_call_forms():
+    import typing
+
+    returns = [typing.get_type_hints(f)["return"] for f in typing.get_overloads(wb.op)]
+    assert wb.WarpOp in returns  # wb.op(kernel)
+    assert any(typing.get_origin(r) is not None and wb.WarpOp in typing.get_args(r)[-1:] for r in returns)
