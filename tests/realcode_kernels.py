@@ -192,3 +192,32 @@ def sum_squares(x: wp.array(dtype=f64), loss: wp.array(dtype=f64)):
 
 def loss_function(x: wp.array(dtype=f64), loss: wp.array(dtype=f64)):
     wp.launch(sum_squares, dim=x.shape[0], inputs=[x, loss])
+
+
+# -- launch functions whose runs are counted and whose scratch arrays are watched ------------
+
+CALLS: list = []
+SCRATCH: list = []
+
+
+def counted_scaled_square(x: wp.array2d(dtype=f64), y: wp.array2d(dtype=f64)):
+    """y = (2 x)^2 through a scratch array; records each run and a weak reference to its scratch."""
+    import weakref
+
+    CALLS.append(1)
+    s = wp.empty(x.shape, dtype=f64, device=x.device)
+    SCRATCH.append(weakref.ref(s))
+    wp.launch(double_2d, dim=x.shape, inputs=[x, s])
+    wp.launch(square_2d, dim=x.shape, inputs=[s, y])
+
+
+@wp.kernel
+def double_2d(x: wp.array2d(dtype=f64), y: wp.array2d(dtype=f64)):
+    i, j = wp.tid()
+    y[i, j] = f64(2.0) * x[i, j]
+
+
+@wp.kernel
+def square_2d(x: wp.array2d(dtype=f64), y: wp.array2d(dtype=f64)):
+    i, j = wp.tid()
+    y[i, j] = x[i, j] * x[i, j]

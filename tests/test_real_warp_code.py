@@ -274,3 +274,55 @@ def test_op_is_typed_for_both_call_forms():
     returns = [typing.get_type_hints(f)["return"] for f in typing.get_overloads(wb.op)]
     assert wb.WarpOp in returns  # wb.op(kernel)
     assert any(typing.get_origin(r) is not None and wb.WarpOp in typing.get_args(r)[-1:] for r in returns)
+
+
+# -- the forward's tape kept for the backward ------------------------------------------------
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_backward_reuses_the_forwards_tape_unless_asked_to_recompute(recompute):
+    op = wb.op(K.counted_scaled_square, recompute=recompute)
+    x0 = torch.rand(4, 3, dtype=f64)
+    op(x0)  # the plan's first run (on copies of the inputs)
+    K.CALLS.clear()
+    x = x0.clone().requires_grad_()
+    y = op(x)
+    y.sum().backward()
+    assert len(K.CALLS) == (2 if recompute else 1)
+    torch.testing.assert_close(x.grad, 8 * x0)
+
+
+def test_kept_tape_with_strided_inputs_expanded_gradients_and_retained_graphs():
+    op = wb.op(K.counted_scaled_square)
+    base = torch.rand(3, 4, dtype=f64)
+    x = base.t().requires_grad_()  # a transposed (strided) leaf
+    y = op(x)
+    for k in range(1, 4):  # .sum() sends a stride-0 gradient; each pass adds exactly one gradient
+        y.sum().backward(retain_graph=True)
+        torch.testing.assert_close(x.grad, k * 8 * base.t())
+    w = torch.rand(4, 3, dtype=f64)
+    (g,) = torch.autograd.grad(y, x, w)
+    torch.testing.assert_close(g, 8 * base.t() * w)
+
+
+def test_kept_tape_frees_the_functions_arrays_with_the_graph():
+    op = wb.op(K.counted_scaled_square)
+    x = torch.rand(4, 3, dtype=f64, requires_grad=True)
+    op(x.detach())
+    K.SCRATCH.clear()
+    y = op(x)
+    alive = K.SCRATCH[-1]() is not None  # (no assert on the referent: pytest would keep it)
+    assert alive  # kept for the backward
+    y.sum().backward()
+    del y
+    alive = K.SCRATCH[-1]() is not None
+    assert not alive  # freed with the graph, without waiting for the cycle collector
+
+
+def test_output_changed_in_place_before_the_backward_is_caught():
+    op = wb.op(K.counted_scaled_square)
+    x = torch.rand(4, 3, dtype=f64, requires_grad=True)
+    y = op(x)
+    y.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()

@@ -490,12 +490,20 @@ def kernel_accesses(kernel: Any) -> Accesses:
     return acc
 
 
+_HAZARDS: dict[Any, tuple[Hazard, ...]] = {}
+
+
 def kernel_hazards(kernel: Any, outputs: frozenset[str] | None = None) -> tuple[Hazard, ...]:
     """Every hazard of ``kernel``: dynamic loops, and overwritten reads of ``outputs`` (of any
-    array parameter when ``outputs`` is None, as for kernels a launch function recorded)."""
-    acc = kernel_accesses(kernel)
-    over = {k: v for k, v in acc.overwritten.items() if outputs is None or k in outputs}
-    return loop_hazards(kernel) + output_hazards(kernel.key, kernel.func, over)
+    array parameter when ``outputs`` is None, as for kernels a launch function recorded).
+    Once per kernel: a launch function's backward asks for every kernel it recorded."""
+    key = (kernel.module.name, kernel.key, getattr(kernel.adj, "source", None), outputs)
+    found = _HAZARDS.get(key)
+    if found is None:
+        acc = kernel_accesses(kernel)
+        over = {k: v for k, v in acc.overwritten.items() if outputs is None or k in outputs}
+        found = _HAZARDS[key] = loop_hazards(kernel) + output_hazards(kernel.key, kernel.func, over)
+    return found
 
 
 def output_hazards(kernel_name: str, pyfunc: Any, overwritten: dict[str, int]) -> tuple[Hazard, ...]:

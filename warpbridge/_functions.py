@@ -6,7 +6,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import sys
+import threading
+import types
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import warp as wp
@@ -34,33 +37,69 @@ def run_function(
     outs: Sequence[int],
     stream: Any = None,
     keywords: dict | None = None,
-) -> None:
+    record: bool = False,
+) -> Recording | None:
     """Call a launch function on foreign buffers: ``ins``/``outs`` are data pointers.
 
     A plan's first run is on copies of the inputs, compared with them afterwards: a function
-    that writes into an input is refused before it ever touches the caller's memory.
+    that writes into an input is refused before it ever touches the caller's memory. With
+    ``record``, the run is taped and the :class:`Recording` returned, for
+    :func:`run_recorded_adjoint`.
     """
     sig, dev = plan.sig, plan.device
-    args = _function_args(plan, ins, scalars, outs, None, None)
+    args = _function_args(plan, ins, scalars, outs, None, None, fresh=record)
+    holder = [KeepingTape(sys._getframe())] if record else [contextlib.nullcontext()]
     with _scoped(dev, stream), first_run(plan, 0):
-        if plan.warm[0]:
+        originals = args
+        if not plan.warm[0]:
+            args = _copies_of_inputs(plan, args)
+        placeholders = [_mirror(a, zeroed=False) for a in _floating_ends(plan, args)] if record else []
+        with holder[0]:
             sig.func(*args, **(keywords or {}))
-        else:
-            _run_on_copies(plan, args, keywords or {})
+        if record:
+            holder[0].settle()
+        if args is not originals:
+            _check_copies(plan, originals, args)
+    # the function's frames refer to this one: keep no reference to the tape here
+    return Recording(plan, holder.pop(), args, placeholders) if record else None
 
 
-def _run_on_copies(plan: _plan.Plan, args: list, keywords: dict) -> None:
+def _floating_ends(plan: _plan.Plan, args: list) -> list:
+    """The floating array inputs and outputs a function is called with."""
     sig = plan.sig
+    ends = [args[p.position] for p in sig.array_inputs if p.differentiable]
+    return ends + [args[len(sig.inputs) + j] for j, p in enumerate(sig.outputs) if p.is_float]
+
+
+def _mirror(a: Any, zeroed: bool = True) -> Any:
+    """Give ``a`` a gradient laid out like it (its own buffer, zeroed); return the buffer.
+
+    A recorded forward's inputs and outputs carry one, as under ``wp.Tape``, so that Warp
+    records the copies the function makes of them (``wp.clone(x)``); the backward replaces it,
+    so its content never matters there (``zeroed=False``).
+    """
+    span = _span(a)
+    make = wp.zeros if zeroed else wp.empty
+    buffer = make(max(span[1] - span[0], 1), dtype=wp.uint8, device=a.device)
+    a.grad = wp.array(ptr=buffer.ptr, dtype=a.dtype, shape=a.shape, strides=a.strides, device=a.device)
+    return buffer
+
+
+def _copies_of_inputs(plan: _plan.Plan, args: list) -> list:
     copies = list(args)
     made: dict = {}  # one copy per view: inputs passed twice (a self-join) stay one array
-    for p in sig.array_inputs:
+    for p in plan.sig.array_inputs:
         a = args[p.position]
         key = (a.ptr, a.shape, a.strides, a.dtype)
         if key not in made:
             made[key] = wp.clone(a, requires_grad=False)
         copies[p.position] = made[key]
-    sig.func(*copies, **keywords)
-    written = [p.name for p in sig.array_inputs if not _same_bytes(args[p.position], copies[p.position])]
+    return copies
+
+
+def _check_copies(plan: _plan.Plan, originals: list, copies: list) -> None:
+    sig = plan.sig
+    written = [p.name for p in sig.array_inputs if not _same_bytes(originals[p.position], copies[p.position])]
     if written:
         raise _input_written(sig.name, sig.func, written)
 
@@ -83,6 +122,90 @@ def _input_written(op_name: str, func: Any, names: Sequence[str], kernel: str = 
         f"modifies a caller's memory, and Warp's adjoint of a state updated in place is wrong. Update a copy "
         f"(`{first} = wp.clone({first})` at the top of the function) or write the new state into an output",
     )
+
+
+class Recording:
+    """A launch function's taped forward, kept for its backward: the tape (with the frames
+    that keep the function's objects alive) and the arrays it was called with."""
+
+    def __init__(self, plan: _plan.Plan, tape: KeepingTape, args: list, placeholders: list):
+        self.plan = plan
+        self.tape = tape
+        self.args = args
+        self.placeholders = placeholders  # the forward's gradient buffers of the inputs and outputs
+        self.checked = False  # rule 7 passed once: the recorded launches do not change
+        self.lock = threading.Lock()  # one backward at a time: they share the gradients
+
+
+def run_recorded_adjoint(
+    op: Any,
+    rec: Recording,
+    in_grads: Sequence[int],
+    out_grads: Sequence[tuple[int, tuple[int, ...]]],
+) -> None:
+    """Back-propagate ``out_grads`` through the forward's own tape, as ``wp.Tape`` does, into
+    the zeroed buffers ``in_grads`` (0: no gradient). Every backward starts from zeroed
+    intermediate gradients, so a retained graph can be back-propagated any number of times."""
+    sig, plan, tape = op.sig, rec.plan, rec.tape
+    with rec.lock, _scoped(plan.device, None):
+        ends = _attach_end_gradients(plan, rec.args, in_grads, out_grads)
+        owned: list = [[]]
+        try:
+            if not rec.checked:
+                check_recorded(op, tape, [rec.args[p.position] for p in sig.array_inputs])
+                rec.checked = True
+            _zero_intermediate_gradients(tape, {id(a) for a, _, _ in ends})
+            owned = own_gradients(tape)
+            tape.backward()
+            for a, target, _ in ends:
+                if target is not None:  # a gradient laid out unlike its buffer: copied back
+                    wp.copy(target, a.grad)
+        finally:
+            for a in [a for a, _, _ in ends] + owned[1:]:
+                a.grad = None  # the next backward starts from fresh zeros; a global array gets its state back
+            tape.gradients = {}  # no reference to this backward's buffers survives it
+
+
+def _attach_end_gradients(plan: _plan.Plan, args: list, in_grads: Sequence[int], out_grads: Sequence) -> list:
+    """Give the recorded inputs and outputs this backward's gradient buffers: (array, buffer to
+    copy the gradient into afterwards, or None)."""
+    sig, dev = plan.sig, plan.device
+    ends = []
+    for k, p in enumerate(sig.array_inputs):
+        a = args[p.position]
+        grad = None
+        if in_grads[k]:
+            grad = _wrap(p, dev, in_grads[k], a.shape, plan.in_grad_strides[k])
+        ends.append(_end_gradient(a, grad, zeroed=True))
+    for j, p in enumerate(sig.outputs):
+        a = args[len(sig.inputs) + j]
+        gptr, gstrides = out_grads[j]
+        ends.append(_end_gradient(a, _wrap(p, dev, gptr, a.shape, gstrides), zeroed=False))
+    return ends
+
+
+def _end_gradient(a: Any, grad: Any, zeroed: bool) -> tuple[Any, Any, Any]:
+    if grad is None:
+        a.grad = None
+        return a, None, None
+    if not any(n > 1 and x != y for n, x, y in zip(a.shape, a.strides, grad.strides)):
+        a.grad = wp.array(ptr=grad.ptr, dtype=grad.dtype, shape=grad.shape, strides=a.strides, device=grad.device)
+        return a, None, None
+    # laid out like the array, in a buffer of its own: an incoming gradient copied in, an input
+    # gradient copied out after the backward
+    buffer = _mirror(a)
+    if not zeroed:
+        wp.copy(a.grad, grad)
+    return a, grad if zeroed else None, buffer  # the view owns nothing: the buffer is kept with it
+
+
+def _zero_intermediate_gradients(tape: Any, ends: set[int]) -> None:
+    """Zero what an earlier backward left in the gradients of the tape's other arrays."""
+    for launch in tape.launches:
+        if isinstance(launch, (list, tuple)):
+            for a in list(launch[3]) + list(launch[4]):
+                if isinstance(a, wp.array) and a.grad is not None and id(a) not in ends:
+                    a.grad.zero_()
 
 
 def run_function_adjoint(
@@ -122,6 +245,9 @@ def run_function_adjoint(
     # No tape.reset(): it zeroes every gradient it tracked, the ones just computed included.
 
 
+_WARP_DIR = str(Path(wp.__file__).parent)
+
+
 class KeepingTape(wp.Tape):
     """A ``wp.Tape`` that keeps alive the frames that launched what it recorded.
 
@@ -134,6 +260,7 @@ class KeepingTape(wp.Tape):
     def __init__(self, stop: Any):
         super().__init__()
         self.frames: list = []
+        self.kept: list[dict] = []  # the frames' locals, once settled
         self._seen: set[int] = set()
         self._stop = stop
 
@@ -153,9 +280,18 @@ class KeepingTape(wp.Tape):
                 self.frames.append(frame)
             frame = frame.f_back
 
+    def settle(self) -> None:
+        """Once the function has returned: keep its frames' locals, not the frames, which refer
+        to their callers' frames (and through them to whoever holds this tape)."""
+        for f in self.frames:
+            if not f.f_code.co_filename.startswith(_WARP_DIR):  # Warp's own frames hold frames
+                self.kept.append({k: v for k, v in f.f_locals.items() if not isinstance(v, types.FrameType)})
+        self.frames.clear()
+        self._stop = None
+
     def kept_objects(self) -> list:
         """The objects the kept frames' locals hold."""
-        return [v for f in self.frames for v in f.f_locals.values()]
+        return [v for f in self.frames for v in f.f_locals.values()] + [v for d in self.kept for v in d.values()]
 
 
 @contextlib.contextmanager
@@ -311,7 +447,7 @@ def _floating(dtype: Any) -> bool:
 MAX_VIEWS = 64
 
 
-def _function_args(plan, ins, scalars, outs, in_grads, out_grads):
+def _function_args(plan, ins, scalars, outs, in_grads, out_grads, fresh=False):
     sig, dev = plan.sig, plan.device
     args = []
     k = 0
@@ -320,7 +456,7 @@ def _function_args(plan, ins, scalars, outs, in_grads, out_grads):
     # fixes every shape, stride and dtype, so a view of the same pointer is the same view, and
     # making one (~3.5 us) and its launch descriptor cost a small call ~30 us of its ~100.
     views = None
-    if in_grads is None and out_grads is None:
+    if in_grads is None and out_grads is None and not fresh:  # a recorded tape keeps its own views
         views = plan.cache.get("views")
         if views is None or len(views) > MAX_VIEWS:
             views = plan.cache["views"] = {}

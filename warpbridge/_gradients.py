@@ -30,6 +30,7 @@ def backward(
     targets: Sequence[Any] | None = None,
     outputs: Sequence[Any] | None = None,
     fresh_targets: bool = False,
+    recording: Any = None,
 ) -> list:
     """The framework-neutral backward: input gradients (None where not needed or where a
     ``targets`` array received them in place) from the output gradients ``grads``.
@@ -40,7 +41,8 @@ def backward(
     GradBuffer view); ``fresh_targets`` says they are zeroed buffers nothing else holds (a JAX
     callback's outputs), which a custom backward may fill too. ``outputs``: the forward's
     outputs, where the framework saved them; otherwise they are recomputed when the backward
-    needs them. ``fw``
+    needs them. ``recording``: a launch function's taped forward (``Plan.run(record=True)``),
+    back-propagated instead of re-running the function. ``fw``
     adds to the ``prepare`` description: ``zeros(shape, dtype name, device)``,
     ``private_copy(a)`` and ``ptr(a)``.
     """
@@ -65,7 +67,7 @@ def backward(
     # there. It gets a private copy (the framework's saved outputs, or a replay of the
     # forward); outputs it never reads need no memory at all.
     values = None
-    if sig.kind == "function":  # scratch outputs: the tape re-runs the function into them
+    if sig.kind == "function" and recording is None:  # scratch outputs: the tape re-runs the function into them
         values = plan.zeroed_outputs(fw, device)
     elif sig.reads_outputs:
         if outputs is not None:
@@ -82,7 +84,7 @@ def backward(
         fw.ptr(g) if g is not None else (fw.ptr(v) if v is not None and p.differentiable else 0)
         for g, v, p in zip(in_grads, direct, sig.array_inputs)
     ]
-    plan.run_adjoint(op, ins, scalars, out_ptrs, gptrs, out_grads, stream)
+    plan.run_adjoint(op, ins, scalars, out_ptrs, gptrs, out_grads, stream, recording)
     del keep
     return in_grads
 

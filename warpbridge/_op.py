@@ -41,6 +41,7 @@ class WarpOp:
         backward: Any = None,
         trust_adjoint: bool | Sequence[Any] = False,
         aux: Any = (),
+        recompute: bool = False,
         _registered_as: str | None = None,
     ):
         explicit = name is not None
@@ -51,6 +52,8 @@ class WarpOp:
             raise fail(name, f"vmap_method must be one of {', '.join(map(repr, VMAP_METHODS))}, got {vmap_method!r}")
         self.vmap_method = vmap_method
         self.trust_adjoint = _trusted(name, trust_adjoint)
+        if not isinstance(recompute, bool):
+            raise fail(name, f"recompute must be a bool, got {recompute!r}")
         self.custom_backward: _backward.CustomBackward | None = None
         _plan.ensure_init()
         self.name = name
@@ -79,6 +82,8 @@ class WarpOp:
             vmap_method=vmap_method,
             trust_adjoint=self.trust_adjoint,
         )
+        if recompute:
+            self._options["recompute"] = True
         if self.sig.visible != tuple(range(len(self.sig.outputs))):
             self._options["aux"] = tuple(p.name for p in self.sig.outputs if p.aux)
         if backward is not None:
@@ -91,6 +96,12 @@ class WarpOp:
         )
         for backend in _frameworks.loaded():
             backend.on_new_op(self)  # e.g. a registration that cannot happen while tracing
+
+    @property
+    def keeps_tape(self) -> bool:
+        """Whether a differentiable call keeps its forward's tape for the backward (a launch
+        function with Warp's adjoint, made without ``recompute=True``)."""
+        return self.sig.kind == "function" and self.custom_backward is None and not self._options.get("recompute")
 
     @property
     def fn(self) -> Any:
@@ -443,6 +454,7 @@ def op(
     backward: Any = None,
     trust_adjoint: bool | Sequence[Any] = False,
     aux: Any = (),
+    recompute: bool = False,
 ) -> Callable[[Any], WarpOp]: ...
 
 
@@ -458,6 +470,7 @@ def op(
     backward: Any = None,
     trust_adjoint: bool | Sequence[Any] = False,
     aux: Any = (),
+    recompute: bool = False,
 ) -> WarpOp: ...
 
 
@@ -472,6 +485,7 @@ def op(
     backward: Any = None,
     trust_adjoint: bool | Sequence[Any] = False,
     aux: Any = (),
+    recompute: bool = False,
 ) -> WarpOp | Callable[[Any], WarpOp]:
     """Turn a Warp kernel, or a function that launches kernels, into a differentiable operator.
 
@@ -512,6 +526,11 @@ def op(
             every kernel, or a list of the kernels and ``@wp.func``s you vouch for (the others
             a launch function runs are still checked). Only for adjoints you have checked, e.g.
             with ``warpbridge.testing.check_op``.
+        recompute: for a launch function: re-run it under a fresh ``wp.Tape`` in the backward
+            instead of keeping the forward's tape (and its intermediates) until then. Saves
+            memory between forward and backward, costs one more forward. PyTorch eager calls
+            keep the tape by default; ``torch.compile``, ``torch.func``, JAX and Paddle always
+            recompute.
 
     Returns:
         A :class:`WarpOp`; without ``fn``, a decorator that makes one.
@@ -539,6 +558,7 @@ def op(
         backward=backward,
         trust_adjoint=trust_adjoint,
         aux=aux,
+        recompute=recompute,
     )
     if fn is None:
         return lambda f: _cached(f, kw)

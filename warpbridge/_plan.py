@@ -180,18 +180,26 @@ class Plan:
         out_ptrs: Sequence[int],
         stream: Any = None,
         keywords: dict | None = None,
-    ) -> None:
+        record: bool = False,
+    ) -> Any:
         """The forward: the kernel, or the launch function, into outputs the caller allocated.
-        (The one place a call branches on kernel or function; ``keywords`` go to functions.)"""
+        (The one place a call branches on kernel or function; ``keywords`` go to functions.)
+        With ``record``, a launch function's run is taped and its recording returned, for
+        ``run_adjoint``; a kernel records nothing (its adjoint needs only its arguments)."""
         if self.sig.kind == "kernel":
             self.forward(in_ptrs, scalars, out_ptrs, stream)
-        else:
-            _functions.run_function(self, in_ptrs, scalars, out_ptrs, stream, keywords)
+            return None
+        return _functions.run_function(self, in_ptrs, scalars, out_ptrs, stream, keywords, record)
 
-    def run_adjoint(self, op: Any, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream: Any = None) -> None:
-        """Warp's adjoint of the forward: the kernel's, or the launch function's taped one."""
+    def run_adjoint(
+        self, op: Any, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream: Any = None, recording: Any = None
+    ) -> None:
+        """Warp's adjoint of the forward: the kernel's, the launch function's recorded tape, or
+        (with no recording) the function re-run under a fresh tape."""
         if self.sig.kind == "kernel":
             self.adjoint(in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream)
+        elif recording is not None:
+            _functions.run_recorded_adjoint(op, recording, in_grad_ptrs, out_grads)
         else:
             _functions.run_function_adjoint(op, self, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream)
 

@@ -116,12 +116,19 @@ class _Apply(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, c: _core.Call, direct: tuple | None, *tensors: torch.Tensor) -> tuple:
-        outs = _core.forward(c, tensors)
+        # A launch function's forward is taped and the tape kept for the backward, as wp.Tape
+        # does (its intermediates live until then), unless the op was made with recompute=True.
+        if c.op.keeps_tape:
+            outs, ctx.recording = _core.forward_recorded(c, tensors)
+        else:
+            outs, ctx.recording = _core.forward(c, tensors), None
         ctx.call = c
         ctx.direct = direct
-        # The forward's outputs, where the backward reads them (a custom backward, or a kernel
-        # that reads its outputs): saved, so no replay and the version counter guards them.
-        ctx.save_for_backward(*tensors, *(outs if _core.needs_outputs(c.op) else ()))
+        # The forward's outputs, where the backward reads them (a custom backward, a kernel
+        # that reads its outputs, a kept tape): saved, so no replay, their memory lives, and the
+        # version counter guards them.
+        keep_outputs = _core.needs_outputs(c.op) or ctx.recording is not None
+        ctx.save_for_backward(*tensors, *(outs if keep_outputs else ()))
         for o, is_float in zip(outs, _core.float_outputs(c.op)):
             if not is_float:
                 ctx.mark_non_differentiable(o)
@@ -142,7 +149,7 @@ class _Apply(torch.autograd.Function):
         needs = ctx.needs_input_grad[2:]
         tensors, outputs = saved[: len(needs)], saved[len(needs) :] or None
         targets = _direct_targets(ctx.direct, tensors, needs) if ctx.direct else None
-        in_grads = _core.backward(ctx.call, tensors, grads, needs, targets, outputs)
+        in_grads = _core.backward(ctx.call, tensors, grads, needs, targets, outputs, ctx.recording)
         return (None, None, *in_grads)
 
 

@@ -173,6 +173,15 @@ def _fast(op: WarpOp) -> dict:
 
 def forward(call: Call, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Allocate zeroed outputs and launch the forward kernel (or function)."""
+    return _forward(call, tensors, False)[0]
+
+
+def forward_recorded(call: Call, tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], Any]:
+    """``forward``, with a launch function's run taped: (outputs, recording for ``backward``)."""
+    return _forward(call, tensors, True)
+
+
+def _forward(call: Call, tensors: Sequence[torch.Tensor], record: bool) -> tuple[list[torch.Tensor], Any]:
     plan, device = call.plan, call.device
     outs = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in _out_alloc(plan)]
     ins = [t.data_ptr() for t in tensors]
@@ -180,10 +189,9 @@ def forward(call: Call, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     stream = None if device.type == "cpu" else warp_stream(device)
     if plan.sig.kind == "kernel":
         plan.forward(ins, call.scalars, out_ptrs, stream)
-    else:
-        with _pool.scope(device, plan.device):  # a launch function's own Warp allocations
-            plan.run(ins, call.scalars, out_ptrs, stream)
-    return outs
+        return outs, None
+    with _pool.scope(device, plan.device):  # a launch function's own Warp allocations
+        return outs, plan.run(ins, call.scalars, out_ptrs, stream, record=record)
 
 
 def _out_alloc(plan: _plan.Plan) -> tuple:
@@ -202,6 +210,7 @@ def backward(
     needs: Sequence[bool],
     targets: Sequence[torch.Tensor | None] | None = None,
     outputs: Sequence[torch.Tensor] | None = None,
+    recording: Any = None,
 ) -> list[torch.Tensor | None]:
     """Input gradients (None where not needed) from the output gradients (``_gradients.backward``).
 
@@ -211,8 +220,9 @@ def backward(
     stream = warp_stream(call.device)
     with _pool.scope(call.device, call.plan.device) if call.plan.sig.kind == "function" else _NO_SCOPE:
         return _gradients.backward(
-            call.op, call.plan, call.scalars, tensors, grads, needs, _Torch, call.device, stream, targets, outputs
-        )
+            call.op, call.plan, call.scalars, tensors, grads, needs, _Torch, call.device, stream, targets, outputs,
+            recording=recording,
+        )  # fmt: skip
 
 
 def refuse_second_order(name: str) -> None:
