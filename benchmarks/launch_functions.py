@@ -1,0 +1,261 @@
+"""Launch functions (several kernels, intermediates) differentiated through warpbridge, against
+Warp's own ``wp.Tape`` loop and, for the rollout, the same model in plain PyTorch.
+
+* **rollout**: 1000 steps of 10,000 particles under gravity and quadratic drag, as one launch
+  function allocating two arrays a step, then a squared-distance loss: forward + backward time
+  and the peak memory it adds.
+* **Warp's examples**: a training step (forward, backward) through kernels of Warp's own
+  examples: SPH density (``core/example_sph.py``, a hash-grid query per particle) and the ray
+  caster's downsampling (``optim/example_diffray.py``), each against the same step written with
+  ``wp.Tape`` as the examples do.
+
+warpbridge runs each way users do: tensors with ``requires_grad``, the loss reduced in torch,
+``.backward()`` accumulating into ``.grad``. "kept tape" is the default (the forward's tape
+kept for the backward); "recompute" is ``wb.op(..., recompute=True)`` (the function re-run
+under a fresh tape in the backward). Side by side in one process, interleaved rounds,
+medians.
+
+Usage: python benchmarks/launch_functions.py [--quick] [--repeat 11]
+    -> table + benchmarks/results/launch_functions-<machine>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import date
+
+import numpy as np
+import torch
+import warp as wp
+from warp.examples.core import example_sph as sph
+from warp.examples.optim import example_diffray as diffray
+
+import warpbridge as wb
+from warpbridge._measure import peak_mib
+
+STEPS = 1000
+N = 10_000
+DT = 1e-3
+DRAG = 0.1
+
+
+@wp.kernel
+def ballistic_step(
+    x: wp.array(dtype=wp.vec3),
+    v: wp.array(dtype=wp.vec3),
+    x_new: wp.array(dtype=wp.vec3),
+    v_new: wp.array(dtype=wp.vec3),
+):
+    i = wp.tid()
+    a = wp.vec3(0.0, -9.8, 0.0) - DRAG * v[i] * wp.length(v[i])
+    v_new[i] = v[i] + a * DT
+    x_new[i] = x[i] + v_new[i] * DT
+
+
+@wp.kernel
+def squared_distance(x: wp.array(dtype=wp.vec3), target: wp.array(dtype=wp.vec3), loss: wp.array(dtype=float)):
+    i = wp.tid()
+    d = x[i] - target[i]
+    wp.atomic_add(loss, 0, wp.dot(d, d))
+
+
+def rollout(
+    x0: wp.array(dtype=wp.vec3),
+    v0: wp.array(dtype=wp.vec3),
+    target: wp.array(dtype=wp.vec3),
+    loss: wp.array(dtype=float),
+):
+    x, v = x0, v0
+    for _ in range(STEPS):
+        x_new, v_new = wp.empty_like(x), wp.empty_like(v)
+        wp.launch(ballistic_step, dim=x.shape[0], inputs=[x, v], outputs=[x_new, v_new])
+        x, v = x_new, v_new
+    wp.launch(squared_distance, dim=x.shape[0], inputs=[x, target], outputs=[loss])
+
+
+def torch_rollout(x, v, target):
+    gravity = torch.tensor([0.0, -9.8, 0.0])
+    for _ in range(STEPS):
+        v = v + (gravity - DRAG * v * v.norm(dim=1, keepdim=True)) * DT
+        x = x + v * DT
+    return ((x - target) ** 2).sum()
+
+
+def rollout_cases(seed: int = 0) -> dict:
+    g = np.random.default_rng(seed)
+    x0 = g.random((N, 3), dtype=np.float32)
+    v0 = g.standard_normal((N, 3)).astype(np.float32)
+    target = x0 + np.float32(0.5)
+    kept, again = wb.op(rollout, output_dims=(1,)), wb.op(rollout, output_dims=(1,), recompute=True)
+    xt, vt, tt = (torch.from_numpy(a) for a in (x0, v0, target))
+
+    def through(op):
+        x, v = xt.clone().requires_grad_(), vt.clone().requires_grad_()
+        op(x, v, tt).sum().backward()
+        return x.grad
+
+    def tape():
+        x = wp.array(x0, dtype=wp.vec3, requires_grad=True)
+        v = wp.array(v0, dtype=wp.vec3, requires_grad=True)
+        loss = wp.zeros(1, dtype=float, requires_grad=True)
+        t = wp.Tape()
+        with t:
+            rollout(x, v, wp.array(target, dtype=wp.vec3), loss)
+        t.backward(loss)
+        return x.grad
+
+    def plain_torch():
+        x, v = xt.clone().requires_grad_(), vt.clone().requires_grad_()
+        torch_rollout(x, v, tt).backward()
+        return x.grad
+
+    ref = tape().numpy()
+    for fn in (lambda: through(kept), lambda: through(again)):
+        np.testing.assert_allclose(fn().numpy(), ref, rtol=1e-5, atol=1e-5)
+    return {
+        "warpbridge (kept tape)": lambda: through(kept),
+        "warpbridge (recompute)": lambda: through(again),
+        "wp.Tape": tape,
+        "PyTorch": plain_torch,
+    }
+
+
+# -- Warp's own examples ----------------------------------------------------------------------
+
+H = 0.04  # smoothing length
+NORM = 1.0
+
+
+def sph_density(x: wp.array(dtype=wp.vec3), rho: wp.array(dtype=float)):
+    return _density(x, rho)
+
+
+def _density(x, rho):
+    grid = wp.HashGrid(64, 64, 64, device=x.device)
+    grid.build(x, H)
+    wp.launch(sph.compute_density, dim=x.shape[0], inputs=[grid.id, x, rho, NORM, H])
+    return grid  # under a plain wp.Tape the caller must keep it alive until tape.backward()
+
+
+@wp.kernel
+def total(values: wp.array(dtype=float), loss: wp.array(dtype=float)):
+    wp.atomic_add(loss, 0, values[wp.tid()])
+
+
+@wp.kernel
+def total_vec3(values: wp.array(dtype=wp.vec3), loss: wp.array(dtype=float)):
+    v = values[wp.tid()]
+    wp.atomic_add(loss, 0, v[0] + v[1] + v[2])
+
+
+WIDTH, SAMPLES = 512, 4
+
+
+def downsample(rays: wp.array(dtype=wp.vec3), pixels: wp.array(dtype=wp.vec3)):
+    wp.launch(diffray.downsample_kernel, dim=pixels.shape[0], inputs=[rays, pixels, WIDTH, SAMPLES])
+
+
+def example_cases(seed: int = 1) -> dict:
+    g = np.random.default_rng(seed)
+    pts = g.random((8000, 3), dtype=np.float32) * np.float32(0.6)
+    rays = g.random((WIDTH * WIDTH, 3), dtype=np.float32)
+    cases = {}
+    for name, fn, data, reduce_kernel, dims in (
+        ("SPH density, 8000 particles", sph_density, pts, total, None),
+        ("diffray downsample, 512x512 rays", downsample, rays, total_vec3, ((WIDTH // SAMPLES) ** 2,)),
+    ):
+        op = wb.op(fn, output_dims=dims)
+        t = torch.from_numpy(data)
+
+        def through(op=op, t=t):
+            x = t.clone().requires_grad_()
+            op(x).sum().backward()
+            return x.grad
+
+        def tape(fn=fn, data=data, reduce_kernel=reduce_kernel, dims=dims):
+            x = wp.array(data, dtype=wp.vec3, requires_grad=True)
+            out_shape = dims[0] if dims else data.shape[0]
+            out = wp.zeros(out_shape, dtype=wp.vec3 if reduce_kernel is total_vec3 else float, requires_grad=True)
+            loss = wp.zeros(1, dtype=float, requires_grad=True)
+            tp = wp.Tape()
+            with tp:
+                kept = fn(x, out)  # noqa: F841 - the hash grid, alive until the backward
+                wp.launch(reduce_kernel, dim=out_shape, inputs=[out], outputs=[loss])
+            tp.backward(loss)
+            return x.grad
+
+        np.testing.assert_allclose(through().numpy(), tape().numpy(), rtol=1e-5, atol=1e-6)
+        cases[name] = {"warpbridge (kept tape)": through, "wp.Tape": tape}
+    return cases
+
+
+def interleaved(fns: dict, repeat: int) -> dict:
+    """Median ms of each function, rounds interleaved (each round runs every function once)."""
+    for fn in fns.values():
+        fn()  # warm: modules loaded, plans made
+    times: dict = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append((time.perf_counter() - t) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main() -> None:
+    global STEPS
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=11)
+    ap.add_argument("--quick", action="store_true", help="100 steps, 3 rounds (a smoke run)")
+    args = ap.parse_args()
+    if args.quick:
+        STEPS, args.repeat = 100, 3
+    wp.config.quiet = True
+    wp.init()
+    started = time.time()
+    rows = []
+    fns = rollout_cases()
+    ms = interleaved(fns, args.repeat)
+    mem = {k: peak_mib(fn, "cpu") for k, fn in fns.items()}
+    for k in fns:
+        rows.append({"case": f"rollout, {STEPS} steps x {N} particles", "way": k, "ms": ms[k], "peak_mib": mem[k]})
+    for case, case_fns in example_cases().items():
+        ms = interleaved(case_fns, args.repeat)
+        rows.extend({"case": case, "way": k, "ms": ms[k], "peak_mib": None} for k in case_fns)
+    by_case: dict = {}
+    for r in rows:
+        by_case.setdefault(r["case"], {})[r["way"]] = r
+    for r in rows:
+        r["vs_tape"] = r["ms"] / by_case[r["case"]]["wp.Tape"]["ms"]
+    print(f"{'case':42s} {'way':24s} {'median ms':>10s} {'x wp.Tape':>10s} {'peak MiB':>9s}")
+    for r in rows:
+        mib = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
+        print(f"{r['case']:42s} {r['way']:24s} {r['ms']:10.1f} {r['vs_tape']:10.2f} {mib:>9s}")
+    machine = f"{platform.machine()}-{os.cpu_count()}cpu"
+    out = {
+        "date": date.today().isoformat(),
+        "machine": machine,
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "warp": wp.config.version,
+        "threads": torch.get_num_threads(),
+        "repeat": args.repeat,
+        "quick": args.quick,
+        "seconds": round(time.time() - started, 1),
+        "rows": rows,
+    }
+    if not args.quick:
+        path = os.path.join(os.path.dirname(__file__), "results", f"launch_functions-{machine}.json")
+        with open(path, "w") as fh:
+            json.dump(out, fh, indent=1)
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
