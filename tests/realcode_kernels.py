@@ -221,3 +221,28 @@ def double_2d(x: wp.array2d(dtype=f64), y: wp.array2d(dtype=f64)):
 def square_2d(x: wp.array2d(dtype=f64), y: wp.array2d(dtype=f64)):
     i, j = wp.tid()
     y[i, j] = x[i, j] * x[i, j]
+
+
+# -- outputs anywhere, state updated in place (outputs= / in_out=) ---------------------------
+
+
+@wp.kernel
+def kick_drift(x: wp.array(dtype=wp.vec3d), v: wp.array(dtype=wp.vec3d), f: wp.array(dtype=wp.vec3d), dt: f64):
+    # Warp's examples' integrator style: both states updated in place, each element read first
+    i = wp.tid()
+    v_new = v[i] + f[i] * dt - f64(0.1) * v[i] * wp.length(v[i]) * dt
+    x[i] = x[i] + v_new * dt
+    v[i] = v_new
+
+
+@wp.kernel
+def reads_after_store(x: wp.array(dtype=f64), c: f64):
+    i = wp.tid()
+    x[i] = x[i] * c
+    x[i] = x[i] * x[i]
+
+
+@wp.kernel
+def output_in_the_middle(x: wp.array(dtype=f64), y: wp.array(dtype=f64), a: f64):
+    i = wp.tid()
+    y[i] = a * wp.sin(x[i])

@@ -204,3 +204,24 @@ def test_indexedarray_input_with_values_and_indices_and_its_backward():
     expect = np.zeros(6)
     np.add.at(expect, np.asarray(idx), 2 * np.asarray(v[idx]))
     np.testing.assert_allclose(np.asarray(g), expect)
+
+
+def test_in_out_and_outputs_anywhere_match_torch():
+    import realcode_kernels as R
+
+    op = wb.op(R.kick_drift, in_out=("x", "v"))
+    x0, v0, f0 = (rng(s).random((5, 3)) for s in (1, 2, 3))
+
+    def loss(x, v, f):
+        x1, v1 = op(x, v, f, 0.01)
+        return (x1 * x1).sum() + v1.sum()
+
+    ts = [torch.tensor(a, requires_grad=True) for a in (x0, v0, f0)]
+    loss(*ts).backward()
+    js = [jnp.asarray(a) for a in (x0, v0, f0)]
+    for grads in (jax.grad(loss, argnums=(0, 1, 2))(*js), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*js)):
+        for g, t in zip(grads, ts):
+            np.testing.assert_allclose(np.asarray(g), t.grad.numpy(), rtol=1e-10)
+    check_grads(lambda x, v: op(jnp.asarray(x), jnp.asarray(v), js[2], 0.01), (js[0], js[1]), order=1, modes=["rev"])
+    mid = wb.op(R.output_in_the_middle, outputs=("y",))
+    check_grads(lambda x: mid(x, 2.0), (js[0][:, 0],), order=1, modes=["rev"])

@@ -326,3 +326,95 @@ def test_output_changed_in_place_before_the_backward_is_caught():
     y.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+# -- outputs anywhere, state updated in place ------------------------------------------------
+
+
+def _states(n=5, seed=4):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.rand(n, 3, generator=g, dtype=f64) for _ in range(3)]
+
+
+def _kick_drift_reference(x, v, f, dt):
+    v_new = v + f * dt - 0.1 * v * v.norm(dim=1, keepdim=True) * dt
+    return x + v_new * dt, v_new
+
+
+def test_in_out_updates_a_copy_and_is_differentiable():
+    x0, v0, f0 = _states()
+    op = wb.op(K.kick_drift, in_out=("x", "v"))
+    x, v, f = (t.clone().requires_grad_() for t in (x0, v0, f0))
+    x1, v1 = op(x, v, f, 0.01)
+    rx, rv = _kick_drift_reference(x0, v0, f0, 0.01)
+    torch.testing.assert_close(x1, rx)
+    torch.testing.assert_close(v1, rv)
+    assert torch.equal(x.detach(), x0) and torch.equal(v.detach(), v0)  # the caller's state untouched
+    check_op(op, x0, v0, f0, 0.01)  # finite differences, each input alone, reentrancy, opcheck
+
+
+def test_in_out_rollout_chains_steps_in_torch():
+    x0, v0, f0 = _states()
+    op = wb.op(K.kick_drift, in_out=("x", "v"))
+    x, v = x0.clone().requires_grad_(), v0.clone().requires_grad_()
+    xs, vs = x, v
+    rx, rv = x0.clone().requires_grad_(), v0.clone().requires_grad_()
+    ax, av = rx, rv
+    for _ in range(20):
+        xs, vs = op(xs, vs, f0, 0.05)
+        ax, av = _kick_drift_reference(ax, av, f0, 0.05)
+    (xs.sum() + (vs**2).sum()).backward()
+    (ax.sum() + (av**2).sum()).backward()
+    torch.testing.assert_close(x.grad, rx.grad)
+    torch.testing.assert_close(v.grad, rv.grad)
+
+
+def test_in_out_read_after_its_store_is_refused():
+    op = wb.op(K.reads_after_store, in_out=("x",))
+    x0 = state()[0]
+    x = x0.clone().requires_grad_()
+    y = op(x, 2.0)
+    torch.testing.assert_close(y, (2 * x0) ** 2)  # the forward is right
+    with pytest.raises(wb.WarpBridgeError, match="variable 'x' is an in_out element read after the kernel stored it"):
+        y.sum().backward()
+
+
+def test_outputs_named_anywhere():
+    op = wb.op(K.output_in_the_middle, outputs=("y",))
+    assert [p.name for p in op.sig.inputs] == ["x", "a"]
+    x0 = state()[0]
+    torch.testing.assert_close(op(x0, 3.0), 3.0 * torch.sin(x0))
+    check_op(op, x0, 3.0)
+
+
+def test_outputs_and_in_out_are_validated():
+    with pytest.raises(wb.WarpBridgeError, match=r"\['z'\] name no parameter"):
+        wb.op(K.output_in_the_middle, outputs=("z",))
+    with pytest.raises(wb.WarpBridgeError, match="'a' is an output and must be an array"):
+        wb.op(K.output_in_the_middle, outputs=("a",))
+    with pytest.raises(wb.WarpBridgeError, match="named in both outputs and in_out"):
+        wb.op(K.kick_drift, outputs=("x",), in_out=("x",))
+    with pytest.raises(wb.WarpBridgeError, match="outputs= and in_out= are for kernels"):
+        wb.op(K.step_on_a_clone, outputs=("y",))
+    with pytest.raises(wb.WarpBridgeError, match=r"writes to its input array\(s\) \['v'\].*in_out=\('v',\)"):
+        wb.op(K.kick_drift, in_out=("x",))
+    with pytest.raises(wb.WarpBridgeError, match="in_out parameters takes Warp's adjoint only"):
+        wb.op(K.kick_drift, in_out=("x", "v"), backward=K.advance)
+
+
+@pytest.mark.compile
+def test_in_out_under_torch_compile():
+    op = wb.op(K.kick_drift, in_out=("x", "v"))
+    x0, v0, f0 = _states()
+
+    @torch.compile(fullgraph=True)
+    def step(x, v, f):
+        x1, v1 = op(x, v, f, 0.01)
+        return (x1 * x1).sum() + v1.sum()
+
+    x = x0.clone().requires_grad_()
+    step(x, v0, f0).backward()
+    rx = x0.clone().requires_grad_()
+    ax, av = _kick_drift_reference(rx, v0, f0, 0.01)
+    ((ax * ax).sum() + av.sum()).backward()
+    torch.testing.assert_close(x.grad, rx.grad)

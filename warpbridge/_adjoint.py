@@ -46,6 +46,7 @@ class Accesses(NamedTuple):
     unknown: frozenset[str]  # used in a way that cannot be followed: treated as a possible read
     overwritten: dict[str, int]  # array -> line of a non-additive store after a read of it
     restored: frozenset[str]  # stored more than once (or in a loop): the adjoint must consume its gradient
+    read_after_write: dict[str, int]  # array -> line of a read that may see an element the kernel stored
 
 
 class Hazard(NamedTuple):
@@ -310,7 +311,35 @@ def array_accesses(tree: ast.AST, pyfunc: Any, names: set[str], depth: int = 0) 
                 if line == stmt.lineno and col == stmt.col_offset and not inside and rhs is not None:
                     continue  # the load is the store's own target chain (a[i][j] = v)
                 overwritten.setdefault(name, stmt.lineno)
-    return Accesses(frozenset(reads), frozenset(writes), frozenset(unknown), overwritten, frozenset(restored))
+    return Accesses(
+        frozenset(reads), frozenset(writes), frozenset(unknown), overwritten, frozenset(restored),
+        _reads_after_writes(parents, stores, added, loads, unknown | restored_via),
+    )  # fmt: skip
+
+
+def _reads_after_writes(parents: dict, stores: dict, added: dict, loads: dict, unknown: set) -> dict[str, int]:
+    """Arrays with a load that may see an element the kernel itself stored: after the store in
+    the source, or both in one loop (the next iteration reads it). Arrays used in ways that
+    cannot be followed count too."""
+    found: dict[str, int] = {name: 0 for name in unknown}
+    for name in stores.keys() | added.keys():
+        for stmt, _, target in stores.get(name, []) + added.get(name, []):
+            loop = _loop_of(parents, stmt)
+            for line, col, load in loads.get(name, ()):
+                if _disjoint(target, load) or (line, col) == (stmt.lineno, stmt.col_offset):
+                    continue  # another element, or the store's own statement (read before it stores)
+                later = (line, col) > (stmt.lineno, stmt.col_offset)
+                if later or (loop is not None and any(n is load for n in ast.walk(loop))):
+                    found.setdefault(name, line)
+    return found
+
+
+def _loop_of(parents: dict, node: ast.AST) -> ast.AST | None:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, (ast.For, ast.While)):
+            return node
+    return None
 
 
 def _in_loop(parents: dict, node: ast.AST) -> bool:
@@ -493,20 +522,38 @@ def kernel_accesses(kernel: Any) -> Accesses:
 _HAZARDS: dict[Any, tuple[Hazard, ...]] = {}
 
 
-def kernel_hazards(kernel: Any, outputs: frozenset[str] | None = None) -> tuple[Hazard, ...]:
-    """Every hazard of ``kernel``: dynamic loops, and overwritten reads of ``outputs`` (of any
-    array parameter when ``outputs`` is None, as for kernels a launch function recorded).
-    Once per kernel: a launch function's backward asks for every kernel it recorded."""
-    key = (kernel.module.name, kernel.key, getattr(kernel.adj, "source", None), outputs)
+def kernel_hazards(
+    kernel: Any, outputs: frozenset[str] | None = None, in_out: frozenset[str] = frozenset()
+) -> tuple[Hazard, ...]:
+    """Every hazard of ``kernel``: dynamic loops, overwritten reads of ``outputs`` (of any array
+    parameter when ``outputs`` is None, as for kernels a launch function recorded), and reads of
+    an ``in_out`` parameter's element after the kernel stored it (its adjoint reads the input's
+    value there). Once per kernel: a launch function's backward asks for every kernel it recorded."""
+    key = (kernel.module.name, kernel.key, getattr(kernel.adj, "source", None), outputs, in_out)
     found = _HAZARDS.get(key)
     if found is None:
         acc = kernel_accesses(kernel)
-        over = {k: v for k, v in acc.overwritten.items() if outputs is None or k in outputs}
-        found = _HAZARDS[key] = loop_hazards(kernel) + output_hazards(kernel.key, kernel.func, over)
+        over = {k: v for k, v in acc.overwritten.items() if (outputs is None or k in outputs) and k not in in_out}
+        stale = {k: v for k, v in acc.read_after_write.items() if k in in_out}
+        found = loop_hazards(kernel) + output_hazards(kernel.key, kernel.func, over)
+        found += output_hazards(kernel.key, kernel.func, stale, IN_OUT_WHY)
+        _HAZARDS[key] = found
     return found
 
 
-def output_hazards(kernel_name: str, pyfunc: Any, overwritten: dict[str, int]) -> tuple[Hazard, ...]:
+IN_OUT_WHY = (
+    "an in_out element read after the kernel stored it (or used in a way that cannot be followed): the adjoint "
+    "reads the input's value there. Read each element before storing it, once"
+)
+OVERWRITTEN_WHY = (
+    "an output element read, then overwritten (by `=`, `*=`, or a `+=` of a value computed from it): the adjoint "
+    "only sees the final value"
+)
+
+
+def output_hazards(
+    kernel_name: str, pyfunc: Any, overwritten: dict[str, int], why: str = OVERWRITTEN_WHY
+) -> tuple[Hazard, ...]:
     filename = inspect.getsourcefile(pyfunc) or "<kernel>"
     try:
         first = inspect.getsourcelines(pyfunc)[1]
@@ -517,7 +564,7 @@ def output_hazards(kernel_name: str, pyfunc: Any, overwritten: dict[str, int]) -
             kernel_name,
             f"{filename}:{first + line - 1}",
             name,
-            "an output element read, then overwritten (by `=`, `*=`, or a `+=` of a value computed from it): the adjoint only sees the final value",
+            why,
         )
         for name, line in overwritten.items()
     )

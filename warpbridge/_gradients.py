@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import warp as wp
+
 from ._plan import _HALF_BITS, Plan
 from ._signature import Param
-from ._validate import inner_contiguous
+from ._validate import WARP_TYPES, inner_contiguous
 
 
 def needs_outputs(op: Any) -> bool:
@@ -51,7 +53,9 @@ def backward(
     if op.custom_backward is not None:
         fill = targets if fresh_targets else None  # a custom backward may assign: never into a .grad
         return _custom_backward(op, plan, scalars, arrays, grads, needs, fw, device, stream, outputs, fill)
-    direct = [None] * len(arrays) if targets is None else targets
+    direct = [None] * len(arrays) if targets is None else list(targets)
+    for k, _ in sig.in_out_pairs:
+        direct[k] = None  # its gradient is the in_out output's, worked on in its own buffer
     in_grads: list = []
     for p, a, need, v in zip(sig.array_inputs, arrays, needs, direct):
         if not (need and p.differentiable) or v is not None:
@@ -74,19 +78,48 @@ def backward(
             values = [fw.private_copy(o) for o in outputs]
         else:
             values = _replay(plan, ins, scalars, fw, device, stream)
-    keep.extend(values or ())
+    values = list(values) if values is not None else [None] * len(sig.outputs)
+    updated = {j: k for k, j in sig.in_out_pairs}
+    input_of_updated: dict = {}
+    for j, k in updated.items():
+        values[j] = fw.private_copy(arrays[k])  # an in_out output's adjoint reads its input's values
+    keep.extend(values)
     for j, (p, shape, g) in enumerate(zip(sig.outputs, plan.out_shapes, grads)):
         g, layout = _output_grad(fw, p, shape, g, device, private=p.name in sig.tracked_outputs)
         keep.append(g)
         out_grads.append(layout)
-        out_ptrs.append(fw.ptr(values[j]) if values is not None and p.name in sig.reads_outputs else 0)
+        reads = p.name in sig.reads_outputs or j in updated
+        out_ptrs.append(fw.ptr(values[j]) if values[j] is not None and reads else 0)
+        if j in updated:  # the adjoint turns the output's gradient into the input's
+            input_of_updated[updated[j]] = g
+            if in_grads[updated[j]] is not None:
+                in_grads[updated[j]] = g
     gptrs = [
         fw.ptr(g) if g is not None else (fw.ptr(v) if v is not None and p.differentiable else 0)
         for g, v, p in zip(in_grads, direct, sig.array_inputs)
     ]
     plan.run_adjoint(op, ins, scalars, out_ptrs, gptrs, out_grads, stream, recording)
+    if fresh_targets and targets is not None:
+        for k, g in input_of_updated.items():
+            if targets[k] is not None:  # the caller reads gradients from its buffers only
+                _copy_into(fw, targets[k], g)
     del keep
     return in_grads
+
+
+def _copy_into(fw: Any, dst: Any, src: Any) -> None:
+    """Copy framework array ``src`` into ``dst`` (same shape and dtype) through Warp views."""
+    views = []
+    for a in (dst, src):
+        dtype_name, shape, strides, itemsize, device = fw.meta(a)
+        dtype = WARP_TYPES[dtype_name]
+        views.append(
+            wp.array(
+                ptr=fw.ptr(a), dtype=dtype, shape=shape, strides=tuple(s * itemsize for s in strides),
+                device=fw.warp_device(device),
+            )
+        )  # fmt: skip
+    wp.copy(views[0], views[1])
 
 
 def _output_grad(fw: Any, p: Param, shape: tuple, g: Any, device: Any, private: bool) -> tuple[Any, tuple]:

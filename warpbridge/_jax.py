@@ -100,6 +100,11 @@ def _merge(sig: Any, arrays: list, scalars: tuple) -> list:
     return out
 
 
+def _out_name(p: Param) -> str:
+    """An output's parameter name in the callable: an in_out one's input has its name."""
+    return f"{p.name}__updated" if p.in_out else p.name
+
+
 def _annotated(fn: Any, params: list[tuple[str, Any]]) -> Any:
     """Give ``fn(*args)`` named, Warp-annotated parameters: jax_callable reads them."""
     fn.__signature__ = inspect.Signature(
@@ -166,18 +171,18 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
                 op, pr.plan, pr.scalars, pr.arrays, grads, needs, _WARP, pr.device, None, targets, saved, True
             )
 
-    fwd_params = [(p.name, _plain(p)) for p in ins] + [(p.name, p.wp_type) for p in outs]
+    fwd_params = [(p.name, _plain(p)) for p in ins] + [(_out_name(p), p.wp_type) for p in outs]
     vmap_method = "broadcast_all" if fold else "sequential"
     fwd = wp.jax_callable(
         _annotated(forward, fwd_params),
         num_outputs=len(outs),
         vmap_method=vmap_method,
-        output_dims={p.name: s for p, s in zip(outs, out_shapes)},
+        output_dims={_out_name(p): s for p, s in zip(outs, out_shapes)},
     )
     bwd_params = [(p.name, _plain(p)) for p in ins]
     if saves:
-        bwd_params += [(f"out_{p.name}", p.wp_type) for p in outs]
-    bwd_params += [(f"grad_{outs[j].name}", outs[j].wp_type) for j in fouts]
+        bwd_params += [(f"out_{_out_name(p)}", p.wp_type) for p in outs]
+    bwd_params += [(f"grad_{_out_name(outs[j])}", outs[j].wp_type) for j in fouts]
     bwd_params += [(f"grad_{ins[i].name}", _plain(ins[i])) for i in diff]
     cb = op.custom_backward
     bwd = (

@@ -42,6 +42,8 @@ class WarpOp:
         trust_adjoint: bool | Sequence[Any] = False,
         aux: Any = (),
         recompute: bool = False,
+        outputs: Any = None,
+        in_out: Any = (),
         _registered_as: str | None = None,
     ):
         explicit = name is not None
@@ -57,7 +59,7 @@ class WarpOp:
         self.custom_backward: _backward.CustomBackward | None = None
         _plan.ensure_init()
         self.name = name
-        self.sig = Signature(fn, num_outputs, name, aux)
+        self.sig = Signature(fn, num_outputs, name, aux, outputs=outputs, in_out=in_out)
         # A generic kernel (``Any`` types) is a template: each call runs the instance for its
         # arrays' dtypes (``instance``), made once per binding.
         self.generic = self.sig.kind == "kernel" and bool(getattr(fn, "is_generic", False))
@@ -84,6 +86,10 @@ class WarpOp:
         )
         if recompute:
             self._options["recompute"] = True
+        if outputs is not None:
+            self._options["outputs"] = tuple(p.name for p in self.sig.outputs if not p.in_out)
+        if self.sig.in_out_pairs:
+            self._options["in_out"] = tuple(p.name for p in self.sig.outputs if p.in_out)
         if self.sig.visible != tuple(range(len(self.sig.outputs))):
             self._options["aux"] = tuple(p.name for p in self.sig.outputs if p.aux)
         if backward is not None:
@@ -121,6 +127,12 @@ class WarpOp:
         gradients, read-only) and ``adj_<name>`` for each floating-point array input (zeroed
         gradient arrays it fills). See ``docs/custom-backward.md``.
         """
+        if self.sig.in_out_pairs:
+            raise fail(
+                self.name,
+                "an op with in_out parameters takes Warp's adjoint only (its own backward would have to undo the "
+                "update); wrap the kernel without in_out, with its updated state as outputs=, to give it a backward",
+            )
         if self.custom_backward is not None:
             raise fail(
                 self.name,
@@ -325,7 +337,8 @@ class WarpOp:
 
     def plan(self, device: Any, layouts: tuple, launch_dims: Any, output_dims: Any) -> _plan.Plan:
         first = layouts[0][0] if layouts else None
-        launch, out_shapes = _validate.resolve_dims(self.name, self.sig, first, launch_dims, output_dims)
+        shapes = [shape for shape, _ in layouts]
+        launch, out_shapes = _validate.resolve_dims(self.name, self.sig, first, launch_dims, output_dims, shapes)
         key = (device.alias, layouts, launch, out_shapes)  # wp.Device is not hashable
         plan = self._plans.get(key)
         if plan is None:
@@ -455,6 +468,8 @@ def op(
     trust_adjoint: bool | Sequence[Any] = False,
     aux: Any = (),
     recompute: bool = False,
+    outputs: Sequence[str] | None = None,
+    in_out: Sequence[str] = (),
 ) -> Callable[[Any], WarpOp]: ...
 
 
@@ -471,6 +486,8 @@ def op(
     trust_adjoint: bool | Sequence[Any] = False,
     aux: Any = (),
     recompute: bool = False,
+    outputs: Sequence[str] | None = None,
+    in_out: Sequence[str] = (),
 ) -> WarpOp: ...
 
 
@@ -486,6 +503,8 @@ def op(
     trust_adjoint: bool | Sequence[Any] = False,
     aux: Any = (),
     recompute: bool = False,
+    outputs: Sequence[str] | None = None,
+    in_out: Sequence[str] = (),
 ) -> WarpOp | Callable[[Any], WarpOp]:
     """Turn a Warp kernel, or a function that launches kernels, into a differentiable operator.
 
@@ -526,6 +545,13 @@ def op(
             every kernel, or a list of the kernels and ``@wp.func``s you vouch for (the others
             a launch function runs are still checked). Only for adjoints you have checked, e.g.
             with ``warpbridge.testing.check_op``.
+        outputs: kernels: the names of the output parameters, wherever they stand in the
+            signature (instead of the last ``num_outputs``); returned in signature order.
+        in_out: kernels: parameters the kernel updates in place (``x[i] = x[i] + v[i] * dt``).
+            Each is an input (the caller's array is never written) and an output: the kernel
+            runs on a fresh copy, returned after the named outputs, in signature order. Its
+            gradient is right where each element is read before it is stored (refused
+            otherwise, naming the line).
         recompute: for a launch function: re-run it under a fresh ``wp.Tape`` in the backward
             instead of keeping the forward's tape (and its intermediates) until then. Saves
             memory between forward and backward, costs one more forward. PyTorch eager calls
@@ -559,6 +585,8 @@ def op(
         trust_adjoint=trust_adjoint,
         aux=aux,
         recompute=recompute,
+        outputs=outputs,
+        in_out=in_out,
     )
     if fn is None:
         return lambda f: _cached(f, kw)

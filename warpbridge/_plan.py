@@ -206,7 +206,10 @@ class Plan:
     def forward(
         self, in_ptrs: Sequence[int], scalars: Sequence[Any], out_ptrs: Sequence[int], stream: Any = None
     ) -> None:
-        """Launch the forward kernel. ``scalars`` are already packed."""
+        """Launch the forward kernel. ``scalars`` are already packed. An in_out output starts as
+        a copy of its input."""
+        for k, j in self.sig.in_out_pairs:
+            self._seed(k, j, in_ptrs[k], out_ptrs[j], stream)
         if self.size == 0:
             return
         args = self._copy(self.template)
@@ -243,38 +246,53 @@ class Plan:
                 # the element it overwrote, so earlier stores and reads see only what reached them
                 getattr(args, p.name).grad = ptr
         grads = iter(in_grad_ptrs)
-        adj = []
+        by_name = {}
         k = 0
         for p in self.sig.inputs:
             if p.is_array:
                 ptr = next(grads)
-                adj.append(_descriptor(ptr, self.in_layouts[k][0], self.in_grad_strides[k]) if ptr else _array_t())
+                by_name[p.name] = (
+                    _descriptor(ptr, self.in_layouts[k][0], self.in_grad_strides[k]) if ptr else _array_t()
+                )
                 k += 1
-            else:
+            elif p.dtype_name == STRUCT:
                 # scalar adjoints are discarded; the struct takes plain zeros (float16 fields hold bits)
-                if p.dtype_name == STRUCT:
-                    adj.append(p.wp_type().__ctype__() if self.direct else p.wp_type())
-                else:
-                    adj.append(_zero_scalar(p) if p.inner_shape or not self.direct else 0)
-        for shape, (ptr, strides) in zip(self.out_shapes, out_grads):
-            adj.append(_descriptor(ptr, shape, strides))
+                by_name[p.name] = p.wp_type().__ctype__() if self.direct else p.wp_type()
+            else:
+                by_name[p.name] = _zero_scalar(p) if p.inner_shape or not self.direct else 0
+        for p, shape, (ptr, strides) in zip(self.sig.outputs, self.out_shapes, out_grads):
+            by_name[p.name] = _descriptor(ptr, shape, strides)  # an in_out one: its output's
+        adj = [by_name[p.name] for p in self.sig.params]
         if self.direct:
             adj_args = self.AdjArgs(*adj)
             self.hooks.backward(self._bounds_ref, ctypes.byref(args), ctypes.byref(adj_args))
         else:
-            values = self._launch_values(args)
-            n = len(self.sig.inputs)
+            values = self._launch_values(args)  # in the kernel's order, as adj
             wp.launch(
                 self.sig.kernel,
                 dim=self.launch_dims,
-                inputs=values[:n],
-                outputs=values[n:],
-                adj_inputs=adj[:n],
-                adj_outputs=adj[n:],
+                inputs=values,
+                adj_inputs=adj,
                 adjoint=True,
                 device=self.device,
                 stream=stream,
             )
+
+    def _seed(self, k: int, j: int, in_ptr: int, out_ptr: int, stream: Any) -> None:
+        """Copy array input ``k`` into output ``j`` (Warp views over both buffers)."""
+        p = self.sig.outputs[j]
+        shape, strides = self.in_layouts[k]
+        if not math.prod(shape):
+            return
+        src = wp.array(ptr=in_ptr, dtype=p.wp_type.dtype, shape=shape, strides=strides, device=self.device)
+        dst = wp.array(
+            ptr=out_ptr,
+            dtype=p.wp_type.dtype,
+            shape=self.out_shapes[j],
+            strides=self.out_strides[j],
+            device=self.device,
+        )
+        wp.copy(dst, src, stream=stream)
 
     def _launch_values(self, args: Any) -> list:
         """The struct's fields as ``wp.launch`` takes them (array descriptors verbatim)."""

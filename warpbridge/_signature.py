@@ -52,6 +52,8 @@ class Param:
     ndim: int  # Warp array rank; 0 for scalars
     aux: bool = False  # an auxiliary output: kept for the backward, never returned or differentiated
     indexed: bool = False  # a wp.indexedarray input: called with an array or (values, indices...)
+    slot: int = -1  # the kernel's parameter index (an input's ``position`` is its argument index)
+    in_out: bool = False  # an output that starts as the input of the same name (``in_out=``)
 
     @property
     def is_float(self) -> bool:
@@ -83,7 +85,16 @@ class Param:
 class Signature:
     """Everything warpbridge needs to know about a kernel or launch function."""
 
-    def __init__(self, fn: Any, num_outputs: int, name: str, aux: Any = (), keywords: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        fn: Any,
+        num_outputs: int,
+        name: str,
+        aux: Any = (),
+        keywords: tuple[str, ...] = (),
+        outputs: Any = None,
+        in_out: Any = (),
+    ):
         self.name = name
         if isinstance(fn, wp.Kernel):
             self.kind = "kernel"
@@ -101,61 +112,85 @@ class Signature:
                 f"{name}(): op() expects a wp.Kernel or an annotated function, got {type(fn).__name__}"
             )
 
-        if not isinstance(num_outputs, int) or isinstance(num_outputs, bool) or not 1 <= num_outputs <= len(raw):
-            raise WarpBridgeError(
-                f"{name}(): num_outputs must be an int between 1 and the number of parameters ({len(raw)}), got {num_outputs!r}"
-            )
-        self.params = tuple(_make_param(name, i, label, t) for i, (label, t) in enumerate(raw))
-        self.inputs = self.params[: len(raw) - num_outputs]
-        self.outputs = self.params[len(raw) - num_outputs :]
+        params = tuple(_make_param(name, i, label, t) for i, (label, t) in enumerate(raw))
+        out_names, in_out = _output_names(name, self.kind, [p.name for p in params], num_outputs, outputs, in_out)
+        self.inputs = tuple(
+            dataclasses.replace(p, position=k, slot=p.position)
+            for k, p in enumerate(q for q in params if q.name not in out_names)
+        )
+        named = tuple(dataclasses.replace(p, slot=p.position) for p in params if p.name in out_names)
+        updated = tuple(dataclasses.replace(p, slot=p.position, in_out=True) for p in params if p.name in in_out)
+        self.outputs = named + updated  # the updated states after the named outputs, in signature order
         for p in self.outputs:
-            if not p.is_array:
+            if p.is_array:
+                continue
+            if outputs is None and not in_out:
                 raise WarpBridgeError(
                     f"{name}(): the last {num_outputs} parameter(s) are outputs and must be arrays, "
                     f"but '{p.name}' is {p.describe_type()}"
                 )
+            what = "an in_out parameter" if p.in_out else "an output"
+            raise WarpBridgeError(f"{name}(): '{p.name}' is {what} and must be an array, but is {p.describe_type()}")
         for p in self.outputs:
             if p.dtype_name.startswith(STRUCT + ":"):
                 raise WarpBridgeError(
                     f"{name}(): output '{p.name}' is an array of wp.struct {p.wp_type.dtype.key}; no framework array "
                     "holds Warp structs, so warpbridge cannot allocate it. Return each field as its own array"
                 )
-        for p in self.params:
-            if p.indexed and (self.kind != "kernel" or p in self.outputs):
+        for p in params:
+            is_output = p.name in {o.name for o in self.outputs}
+            if p.indexed and (self.kind != "kernel" or is_output):
                 raise WarpBridgeError(
                     f"{name}(): parameter '{p.name}' is a wp.indexedarray "
-                    f"{'output' if p in self.outputs else 'of a launch function'}; indexed arrays are supported as "
+                    f"{'output' if is_output else 'of a launch function'}; indexed arrays are supported as "
                     "kernel inputs only. Declare it wp.array (a launch function can build the indexedarray itself)"
                 )
         self.outputs = _mark_aux(name, self.outputs, aux)
-        self.params = self.inputs + self.outputs
+        by_slot = {p.slot: p for p in self.inputs + self.outputs}  # an in_out parameter: its output
+        self.params = tuple(by_slot[i] for i in sorted(by_slot))  # one per kernel parameter, in order
         self.grad_outputs = tuple(p for p in self.outputs if p.carries_grad)
         self.visible = tuple(j for j, p in enumerate(self.outputs) if not p.aux)  # what a call returns
         self.array_inputs = tuple(p for p in self.inputs if p.is_array)
+        # (array input index, output index) of each in_out parameter
+        self.in_out_pairs = tuple(
+            (k, j)
+            for j, o in enumerate(self.outputs)
+            if o.in_out
+            for k, p in enumerate(self.array_inputs)
+            if p.name == o.name
+        )
         self.differentiable_inputs = tuple(p for p in self.inputs if p.differentiable)
 
         if self.kind == "kernel":
             opts = fn.options
             self.backward_enabled = bool(opts.get("enable_backward", fn.module.options.get("enable_backward", True)))
             acc = _adjoint.array_accesses(fn.adj.tree, fn.func, {p.name for p in self.array_inputs + self.outputs})
-            written = [p.name for p in self.array_inputs if p.name in acc.writes]
+            written = [p.name for p in self.array_inputs if p.name in acc.writes and p.name not in in_out]
             if written:
                 raise WarpBridgeError(
                     f"{name}(): kernel '{fn.key}' writes to its input array(s) {written} (directly or through a "
                     "@wp.func it calls); warpbridge never modifies inputs. Make the written array an output "
-                    "(one of the last num_outputs parameters) instead"
+                    f"(outputs=[...] names them anywhere), or in_out={tuple(written)!r} to update it on a copy that "
+                    "the op returns"
                 )
             # Reading an output makes Warp's adjoint need that output's value (the backward
             # replays the forward into a scratch buffer) and add into that output's gradient
             # (which then gets a private copy).
-            self.reads_outputs = frozenset(p.name for p in self.outputs if p.name in acc.reads | acc.unknown)
+            # An in_out parameter is not among them: its adjoint reads the input's values.
+            self.reads_outputs = frozenset(
+                p.name for p in self.outputs if p.name in acc.reads | acc.unknown and not p.in_out
+            )
             # Outputs whose gradient the adjoint must consume as it undoes each store, as Warp's
             # Tape arranges it (the output's descriptor carries its gradient's pointer): the
-            # ones it reads, and the ones stored more than once.
-            self.tracked_outputs = self.reads_outputs | frozenset(
-                p.name for p in self.outputs if p.name in acc.restored
+            # ones it reads, the ones stored more than once, and the in_out ones (whose gradient
+            # buffer becomes the input's gradient as the adjoint runs).
+            self.tracked_outputs = (
+                self.reads_outputs
+                | frozenset(p.name for p in self.outputs if p.name in acc.restored)
+                | frozenset(in_out)
             )
             self._overwritten = {k: v for k, v in acc.overwritten.items() if k in {p.name for p in self.outputs}}
+            self._in_out = frozenset(in_out)
             # (array dim, launch dim, line) per array the kernel indexes with a thread index
             self.tid_indexed = _adjoint.tid_indexed(fn.adj.tree, {p.name for p in self.array_inputs + self.outputs})
             self._first_line = fn.adj.fun_lineno
@@ -164,6 +199,7 @@ class Signature:
             self.reads_outputs = frozenset(p.name for p in self.outputs)
             self.tracked_outputs = self.reads_outputs
             self._overwritten = {}
+            self._in_out = frozenset()
             self.tid_indexed = {}
         self._hazards: tuple | None = None
 
@@ -173,12 +209,57 @@ class Signature:
             if self.kind != "kernel":
                 self._hazards = ()
             else:
-                self._hazards = _adjoint.kernel_hazards(self.kernel, frozenset(self._overwritten))
+                self._hazards = _adjoint.kernel_hazards(self.kernel, frozenset(self._overwritten), self._in_out)
         return self._hazards
 
     @property
     def target(self) -> Any:
         return self.kernel if self.kind == "kernel" else self.func
+
+
+def _names(name: str, what: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = (value,)
+    try:
+        names = tuple(value)
+    except TypeError:
+        raise WarpBridgeError(f"{name}(): {what} must be a sequence of parameter names, got {value!r}") from None
+    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise WarpBridgeError(f"{name}(): {what} must be distinct parameter names, got {value!r}")
+    return names
+
+
+def _output_names(
+    name: str, kind: str, labels: list[str], num_outputs: Any, outputs: Any, in_out: Any
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The names of the outputs (``outputs=``, else the last ``num_outputs``) and of the
+    in_out parameters."""
+    in_out = _names(name, "in_out", in_out)
+    if outputs is not None:
+        out_names = _names(name, "outputs", outputs)
+    elif in_out:
+        out_names = ()  # in_out alone: the updated states are the outputs
+    else:
+        if not isinstance(num_outputs, int) or isinstance(num_outputs, bool) or not 1 <= num_outputs <= len(labels):
+            raise WarpBridgeError(
+                f"{name}(): num_outputs must be an int between 1 and the number of parameters ({len(labels)}), "
+                f"got {num_outputs!r}"
+            )
+        out_names = tuple(labels[len(labels) - num_outputs :])
+    unknown = [n for n in out_names + in_out if n not in labels]
+    if unknown:
+        raise WarpBridgeError(f"{name}(): {unknown} name no parameter; the parameters are {labels}")
+    both = [n for n in out_names if n in in_out]
+    if both:
+        raise WarpBridgeError(f"{name}(): {both} are named in both outputs and in_out; name each parameter once")
+    if not out_names and not in_out:
+        raise WarpBridgeError(f"{name}(): outputs=() names no output; an op must return one")
+    if kind != "kernel" and (outputs is not None or in_out):
+        raise WarpBridgeError(
+            f"{name}(): outputs= and in_out= are for kernels; a launch function puts its outputs last and copies "
+            "what it updates (x = wp.clone(x))"
+        )
+    return out_names, in_out
 
 
 def _mark_aux(name: str, outputs: tuple[Param, ...], aux: Any) -> tuple[Param, ...]:

@@ -137,16 +137,26 @@ def input_values(sig: Signature, args: Sequence[Any], shapes: Sequence[tuple]) -
 
 
 def resolve_dims(
-    op: str, sig: Signature, first_shape: tuple[int, ...] | None, launch_dims: Any, output_dims: Any
+    op: str,
+    sig: Signature,
+    first_shape: tuple[int, ...] | None,
+    launch_dims: Any,
+    output_dims: Any,
+    in_shapes: Sequence[tuple[int, ...]] = (),
 ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
-    """Launch dims and each output's Warp shape, from per-call or construction-time settings."""
+    """Launch dims and each output's Warp shape, from per-call or construction-time settings;
+    an in_out output has its input's shape (``in_shapes``: the array inputs' Warp shapes)."""
     launch = launch_dims
     if launch is None:
         if first_shape is None:
             raise fail(op, "the op has no array input to take launch dims from: pass launch_dims")
         launch = first_shape
     out_shapes = []
-    for p in sig.outputs:
+    updated = {j: in_shapes[k] for k, j in sig.in_out_pairs if k < len(in_shapes)}
+    for j, p in enumerate(sig.outputs):
+        if j in updated:
+            out_shapes.append(tuple(updated[j]))
+            continue
         dims = output_dims.get(p.name) if isinstance(output_dims, dict) else output_dims
         dims = launch if dims is None else dims
         if len(dims) != p.ndim:

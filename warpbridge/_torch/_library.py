@@ -105,7 +105,7 @@ class _Registered:
             if first is None:
                 first, device = shapes[0], a.device
         ld, od = op.dims(ld, od, _validate.input_values(op.sig, inputs, shapes))
-        _, shapes = _validate.resolve_dims(op.name, op.sig, first, ld, od)
+        _, shapes = _validate.resolve_dims(op.name, op.sig, first, ld, od, shapes)
         return shapes, device
 
     def backward_impl(self, *args: Any, outputs: Any = None) -> list[torch.Tensor]:
