@@ -53,7 +53,7 @@ def run_function(
         originals = args
         if not plan.warm[0]:
             args = _copies_of_inputs(plan, args)
-        placeholders = [_mirror(a, zeroed=False) for a in _floating_ends(plan, args)] if record else []
+        placeholders = [_mirror(a) for a in _floating_ends(plan, args)] if record else []
         with holder[0]:
             sig.func(*args, **(keywords or {}))
         if record:
@@ -71,16 +71,15 @@ def _floating_ends(plan: _plan.Plan, args: list) -> list:
     return ends + [args[len(sig.inputs) + j] for j, p in enumerate(sig.outputs) if p.is_float]
 
 
-def _mirror(a: Any, zeroed: bool = True) -> Any:
-    """Give ``a`` a gradient laid out like it (its own buffer, zeroed); return the buffer.
+def _mirror(a: Any) -> Any:
+    """Give ``a`` a zeroed gradient laid out like it (its own buffer); return the buffer.
 
     A recorded forward's inputs and outputs carry one, as under ``wp.Tape``, so that Warp
-    records the copies the function makes of them (``wp.clone(x)``); the backward replaces it,
-    so its content never matters there (``zeroed=False``).
+    records the copies the function makes of them (``wp.clone(x)``, which copies the gradient
+    too: zeros, never garbage); the backward replaces it.
     """
     span = _span(a)
-    make = wp.zeros if zeroed else wp.empty
-    buffer = make(max(span[1] - span[0], 1), dtype=wp.uint8, device=a.device)
+    buffer = wp.zeros(max(span[1] - span[0], 1), dtype=wp.uint8, device=a.device)
     a.grad = wp.array(ptr=buffer.ptr, dtype=a.dtype, shape=a.shape, strides=a.strides, device=a.device)
     return buffer
 
@@ -134,6 +133,7 @@ class Recording:
         self.args = args
         self.placeholders = placeholders  # the forward's gradient buffers of the inputs and outputs
         self.checked = False  # rule 7 passed once: the recorded launches do not change
+        self.passes = 0  # backwards run through the tape
         self.lock = threading.Lock()  # one backward at a time: they share the gradients
 
 
@@ -154,7 +154,9 @@ def run_recorded_adjoint(
             if not rec.checked:
                 check_recorded(op, tape, [rec.args[p.position] for p in sig.array_inputs])
                 rec.checked = True
-            _zero_intermediate_gradients(tape, {id(a) for a, _, _ in ends})
+            if rec.passes:  # the forward made them zeroed; an earlier backward left values
+                _zero_intermediate_gradients(tape, {id(a) for a, _, _ in ends})
+            rec.passes += 1
             owned = own_gradients(tape)
             tape.backward()
             for a, target, _ in ends:
@@ -356,6 +358,10 @@ def _check_input_writes(op: Any, launches: list, inputs: Sequence[Any]) -> None:
 def _check_geometry(op: Any, tape: KeepingTape, launches: list, inputs: Sequence[Any]) -> None:
     """Warp's adjoint never reaches a mesh's or BVH's points: refuse one built over points that
     depend on an input receiving a gradient."""
+    used = {v for launch in launches for v in launch[3] if isinstance(v, int)}
+    queried = [obj for obj in tape.kept_objects() if _geometry_points(obj) and obj.id in used]
+    if not queried:
+        return
     tainted = [_span(a) for a in inputs if a.grad is not None]
     for launch in launches:  # what depends on those inputs, launch by launch
         acc = _adjoint.kernel_accesses(launch[0])
@@ -363,12 +369,8 @@ def _check_geometry(op: Any, tape: KeepingTape, launches: list, inputs: Sequence
         read = [_span(a) for label, a in arrays if label in acc.reads | acc.unknown]
         if any(_overlap(r, t) for r in read for t in tainted):
             tainted += [_span(a) for label, a in arrays if label in acc.writes]
-    used = {v for launch in launches for v in launch[3] if isinstance(v, int)}
-    for obj in tape.kept_objects():
-        points = _geometry_points(obj)
-        if not points or obj.id not in used:
-            continue
-        if any(_overlap(_span(p), t) for p in points for t in tainted):
+    for obj in queried:
+        if any(_overlap(_span(p), t) for p in _geometry_points(obj) for t in tainted):
             raise fail(
                 op.name,
                 f"cannot differentiate: launch function {op.sig.func.__name__}() queries a {type(obj).__name__} "
