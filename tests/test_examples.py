@@ -116,3 +116,8 @@ def test_point_cloud_bf16_example_trains_like_float32(capsys):
     assert bf16[-1] < 0.7 * bf16[0]
     assert abs(bf16[-1] - fp32[-1]) <= 0.1 * fp32[-1]  # bfloat16 follows the float32 run
     assert "loss, bfloat16" in capsys.readouterr().out
+
+
+def test_warp_state_example_lands_the_projectiles(capsys):
+    assert load("warp_state").main(iters=100) < 1e-2
+    assert "mean squared miss" in capsys.readouterr().out
