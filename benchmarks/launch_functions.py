@@ -3,7 +3,8 @@ Warp's own ``wp.Tape`` loop and, for the rollout, the same model in plain PyTorc
 
 * **rollout**: 1000 steps of 10,000 particles under gravity and quadratic drag, as one launch
   function allocating two arrays a step, then a squared-distance loss: forward + backward time
-  and the peak memory it adds.
+  and the peak memory it adds. Also as a Python loop of 1000 calls of one in-place step kernel
+  wrapped with ``in_out=("x", "v")``.
 * **Warp's examples**: a training step (forward, backward) through kernels of Warp's own
   examples: SPH density (``core/example_sph.py``, a hash-grid query per particle) and the ray
   caster's downsampling (``optim/example_diffray.py``), each against the same step written with
@@ -15,8 +16,8 @@ kept for the backward); "recompute" is ``wb.op(..., recompute=True)`` (the funct
 under a fresh tape in the backward). Side by side in one process, interleaved rounds,
 medians.
 
-Usage: python benchmarks/launch_functions.py [--quick] [--repeat 11]
-    -> table + benchmarks/results/launch_functions-<machine>.json
+Usage: python benchmarks/launch_functions.py [--quick] [--repeat 11] [--out DIR]
+    -> table + DIR/launch_functions-<machine>.json (DIR: benchmarks/results)
 """
 
 from __future__ import annotations
@@ -56,6 +57,15 @@ def ballistic_step(
     a = wp.vec3(0.0, -9.8, 0.0) - DRAG * v[i] * wp.length(v[i])
     v_new[i] = v[i] + a * DT
     x_new[i] = x[i] + v_new[i] * DT
+
+
+@wp.kernel
+def ballistic_in_place(x: wp.array(dtype=wp.vec3), v: wp.array(dtype=wp.vec3)):
+    # the same step as Warp's examples write it: the state updated in place
+    i = wp.tid()
+    v_new = v[i] + (wp.vec3(0.0, -9.8, 0.0) - DRAG * v[i] * wp.length(v[i])) * DT
+    x[i] = x[i] + v_new * DT
+    v[i] = v_new
 
 
 @wp.kernel
@@ -100,6 +110,16 @@ def rollout_cases(seed: int = 0) -> dict:
         op(x, v, tt).sum().backward()
         return x.grad
 
+    step = wb.op(ballistic_in_place, in_out=("x", "v"))
+
+    def steps():
+        x, v = xt.clone().requires_grad_(), vt.clone().requires_grad_()
+        xs, vs = x, v
+        for _ in range(STEPS):
+            xs, vs = step(xs, vs)
+        ((xs - tt) ** 2).sum().backward()
+        return x.grad
+
     def tape():
         x = wp.array(x0, dtype=wp.vec3, requires_grad=True)
         v = wp.array(v0, dtype=wp.vec3, requires_grad=True)
@@ -116,11 +136,12 @@ def rollout_cases(seed: int = 0) -> dict:
         return x.grad
 
     ref = tape().numpy()
-    for fn in (lambda: through(kept), lambda: through(again)):
-        np.testing.assert_allclose(fn().numpy(), ref, rtol=1e-5, atol=1e-5)
+    for fn in (lambda: through(kept), lambda: through(again), steps):
+        np.testing.assert_allclose(fn().numpy(), ref, rtol=1e-4, atol=1e-4)
     return {
         "warpbridge (kept tape)": lambda: through(kept),
         "warpbridge (recompute)": lambda: through(again),
+        "warpbridge (in_out op per step)": steps,
         "wp.Tape": tape,
         "PyTorch": plain_torch,
     }
@@ -213,6 +234,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=11)
     ap.add_argument("--quick", action="store_true", help="100 steps, 3 rounds (a smoke run)")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
     if args.quick:
         STEPS, args.repeat = 100, 3
@@ -233,10 +255,10 @@ def main() -> None:
         by_case.setdefault(r["case"], {})[r["way"]] = r
     for r in rows:
         r["vs_tape"] = r["ms"] / by_case[r["case"]]["wp.Tape"]["ms"]
-    print(f"{'case':42s} {'way':24s} {'median ms':>10s} {'x wp.Tape':>10s} {'peak MiB':>9s}")
+    print(f"{'case':42s} {'way':32s} {'median ms':>10s} {'x wp.Tape':>10s} {'peak MiB':>9s}")
     for r in rows:
         mib = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
-        print(f"{r['case']:42s} {r['way']:24s} {r['ms']:10.1f} {r['vs_tape']:10.2f} {mib:>9s}")
+        print(f"{r['case']:42s} {r['way']:32s} {r['ms']:10.1f} {r['vs_tape']:10.2f} {mib:>9s}")
     machine = f"{platform.machine()}-{os.cpu_count()}cpu"
     out = {
         "date": date.today().isoformat(),
@@ -250,11 +272,11 @@ def main() -> None:
         "seconds": round(time.time() - started, 1),
         "rows": rows,
     }
-    if not args.quick:
-        path = os.path.join(os.path.dirname(__file__), "results", f"launch_functions-{machine}.json")
-        with open(path, "w") as fh:
-            json.dump(out, fh, indent=1)
-        print(f"wrote {path}")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"launch_functions-{machine}.json")
+    with open(path, "w") as fh:
+        json.dump(out, fh, indent=1)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

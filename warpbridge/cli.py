@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-BENCHMARKS = ("overhead", "neighbors", "grad_buffer", "memory_pool")
+BENCHMARKS = ("overhead", "neighbors", "grad_buffer", "memory_pool", "launch_functions")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -204,6 +204,10 @@ def _charts(out: Path) -> list[Path]:
                 "kNN, seconds": {f"{r['distribution']} N={r['n']:.0e}": r["knn_s"] for r in rows},
                 "kNN, peak MiB": {f"{r['distribution']} N={r['n']:.0e}": r["knn_peak_mib"] for r in rows},
             }
+        elif path.name.startswith("launch_functions"):
+            sections = {}
+            for r in data["rows"]:
+                sections.setdefault(f"{r['case']}: forward + backward, ms", {})[r["way"]] = r["ms"]
         elif path.name.startswith("soak"):
             rows = data["rows"]
             sections = {
