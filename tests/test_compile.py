@@ -132,3 +132,53 @@ def test_an_op_with_a_struct_argument_runs_outside_the_graph():
     torch.testing.assert_close(x.grad, 12 * x.detach())
     with pytest.raises(Exception, match="wp.struct"):
         torch.compile(lambda v: op(v, params).sum(), fullgraph=True, backend="aot_eager")(x)
+
+
+FIRST_CALL_COMPILED = """
+import sys
+sys.path.insert(0, {tests!r})
+import warpbridge as wb  # before torch: no backend is loaded yet
+import torch
+import warp as wp
+import backward_kernels as B
+import kernels as K
+
+op = wb.op(K.mul64)
+generic = wb.op(B.generic_cube)
+
+
+@torch.compile(fullgraph=True, backend="aot_eager")
+def step(q, r, x):
+    d, _ = wb.ops.knn(q, r, 3)  # the neighbour ops' first call, inside the compiled region
+    return d.sum().double() + op(x, x).sum()
+
+
+q, r, x = torch.rand(20, 3), torch.rand(30, 3), torch.rand(4, dtype=torch.float64)
+want = torch.cdist(q, r).topk(3, largest=False).values.sum().double() + (torch.sin(x) * x).sum()
+assert torch.allclose(step(q, r, x), want.double(), rtol=1e-5), "wrong value"
+
+
+@torch.compile(fullgraph=True, backend="eager")
+def generic_first(x):
+    return generic(x)
+
+
+try:
+    generic_first(torch.rand(3))
+except Exception as e:  # Dynamo wraps it; our message must be there
+    assert "call the op once with float32 arrays before compiling" in str(e), str(e)
+else:
+    raise AssertionError("no error")
+print("ok")
+"""
+
+
+@pytest.mark.compile
+def test_first_call_inside_torch_compile_with_warpbridge_imported_first():
+    import os
+    import subprocess
+    import sys
+
+    code = FIRST_CALL_COMPILED.format(tests=os.path.dirname(__file__))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

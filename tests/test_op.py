@@ -324,7 +324,7 @@ def launch_path(request, monkeypatch):
 def test_both_launch_paths_give_the_same_values_and_gradients(launch_path):
     op = wb.WarpOp(K.vec_mat, num_outputs=2)  # a fresh op: its plans follow the patched launch path
     v, m = rand(5, 3), rand(5, 3, 3)
-    (plan,) = [op.plan(wp.get_device("cpu"), ((((5,), (24,))), ((5,), (72,))), None, None)]
+    (plan,) = [op.plan(wp.get_device, "cpu", ((((5,), (24,))), ((5,), (72,))), None, None)]
     assert plan.direct == (launch_path == "direct")
     assert torch.autograd.gradcheck(lambda v, m: op(v, m, 1.3), (v, m))
     op16 = wb.WarpOp(K.axpy16)

@@ -58,6 +58,11 @@ class Backend:
         """(dtype name, shape, device in words), for validation that names them."""
         raise NotImplementedError
 
+    def tracing(self) -> bool:
+        """Whether the call is being traced by a compiler that cannot run warpbridge's one-time
+        set-up (making an op, registering it)."""
+        return False
+
     def cast(self, a: Any, dtype_name: str) -> Any:
         """A cast the framework differentiates (gradients come back in ``a``'s dtype)."""
         raise NotImplementedError

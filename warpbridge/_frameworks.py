@@ -38,8 +38,26 @@ def load(name: str) -> Any:
     """The backend of a framework (its adapter imported on first use)."""
     b = _LOADED.get(name)
     if b is None:
-        b = _LOADED[name] = importlib.import_module(ADAPTERS[name]).BACKEND
+        b = _LOADED[name] = _import(name).BACKEND
     return b
+
+
+def _import(name: str) -> Any:
+    """An adapter module, by import statements: a first call inside ``torch.compile`` runs
+    them (Dynamo executes an import; it cannot trace ``importlib``)."""
+    if name == "torch":
+        from . import _torch as adapter
+    elif name == "numpy":
+        from . import _numpy as adapter
+    elif name == "jax":
+        from . import _jax as adapter
+    elif name == "paddle":
+        from . import _paddle as adapter
+    elif name == "dlpack":
+        from . import _dlpack as adapter
+    else:
+        adapter = importlib.import_module(ADAPTERS[name])
+    return adapter
 
 
 def loaded() -> list:

@@ -53,7 +53,7 @@ def run_function(
         originals = args
         if not plan.warm[0]:
             args = _copies_of_inputs(plan, args)
-        placeholders = [_mirror(a) for a in _floating_ends(plan, args)] if record else []
+        placeholders = [_mirror(a, zeroed=False) for a in _floating_ends(plan, args)] if record else []
         with holder[0]:
             sig.func(*args, **(keywords or {}))
         if record:
@@ -71,15 +71,16 @@ def _floating_ends(plan: _plan.Plan, args: list) -> list:
     return ends + [args[len(sig.inputs) + j] for j, p in enumerate(sig.outputs) if p.is_float]
 
 
-def _mirror(a: Any) -> Any:
-    """Give ``a`` a zeroed gradient laid out like it (its own buffer); return the buffer.
+def _mirror(a: Any, zeroed: bool = True) -> Any:
+    """Give ``a`` a gradient laid out like it (its own buffer, zeroed); return the buffer.
 
-    A recorded forward's inputs and outputs carry one, as under ``wp.Tape``, so that Warp
-    records the copies the function makes of them (``wp.clone(x)``, which copies the gradient
-    too: zeros, never garbage); the backward replaces it.
+    A recorded forward's inputs and outputs carry one (``zeroed=False``), as under ``wp.Tape``,
+    so that Warp records the copies the function makes of them (``wp.clone(x)``); the backward
+    replaces it, and zeroes the gradients those copies copied from it.
     """
     span = _span(a)
-    buffer = wp.zeros(max(span[1] - span[0], 1), dtype=wp.uint8, device=a.device)
+    make = wp.zeros if zeroed else wp.empty
+    buffer = make(max(span[1] - span[0], 1), dtype=wp.uint8, device=a.device)
     a.grad = wp.array(ptr=buffer.ptr, dtype=a.dtype, shape=a.shape, strides=a.strides, device=a.device)
     return buffer
 
@@ -154,8 +155,11 @@ def run_recorded_adjoint(
             if not rec.checked:
                 check_recorded(op, tape, [rec.args[p.position] for p in sig.array_inputs])
                 rec.checked = True
-            if rec.passes:  # the forward made them zeroed; an earlier backward left values
-                _zero_intermediate_gradients(tape, {id(a) for a, _, _ in ends})
+            skip = {id(a) for a, _, _ in ends}
+            if rec.passes:  # an earlier backward left values in every intermediate gradient
+                _zero_intermediate_gradients(tape, skip)
+            else:  # the forward made them zeroed, but for copies of the placeholders' content
+                _zero_copied_gradients(tape, skip)
             rec.passes += 1
             owned = own_gradients(tape)
             tape.backward()
@@ -199,6 +203,14 @@ def _end_gradient(a: Any, grad: Any, zeroed: bool) -> tuple[Any, Any, Any]:
     if not zeroed:
         wp.copy(a.grad, grad)
     return a, grad if zeroed else None, buffer  # the view owns nothing: the buffer is kept with it
+
+
+def _zero_copied_gradients(tape: Any, ends: set[int]) -> None:
+    """Zero the gradients of the arrays Warp recorded copies of or into (``wp.copy`` copies the
+    gradient too, and a placeholder's holds garbage)."""
+    for a in tape.gradients:
+        if isinstance(a, wp.array) and id(a) not in ends and a.grad is not None:
+            a.grad.zero_()
 
 
 def _zero_intermediate_gradients(tape: Any, ends: set[int]) -> None:

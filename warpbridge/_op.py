@@ -9,6 +9,7 @@ import inspect
 import pickle
 import re
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, overload
 
@@ -57,7 +58,6 @@ class WarpOp:
         if not isinstance(recompute, bool):
             raise fail(name, f"recompute must be a bool, got {recompute!r}")
         self.custom_backward: _backward.CustomBackward | None = None
-        _plan.ensure_init()
         self.name = name
         self.sig = Signature(fn, num_outputs, name, aux, outputs=outputs, in_out=in_out)
         # A generic kernel (``Any`` types) is a template: each call runs the instance for its
@@ -100,6 +100,7 @@ class WarpOp:
         self.registration_name = _registered_as or (
             name if explicit else _registration_name(fn, {**self._options, "backward": _source_of(backward)})
         )
+        _LIVE.add(self)
         for backend in _frameworks.loaded():
             backend.on_new_op(self)  # e.g. a registration that cannot happen while tracing
 
@@ -257,6 +258,12 @@ class WarpOp:
         key = (dtype, tuple(shape[first.ndim :]))
         found = self._instances.get(key)
         if found is None:
+            if _adapter(self, args).tracing():
+                raise fail(
+                    self.name,
+                    f"a generic op makes its {dtype} instance on first use, which a compiler cannot trace: call the "
+                    f"op once with {dtype} arrays before compiling (or make it with op.instance(*args))",
+                )
             with self._lock:
                 found = self._instances.get(key)
                 if found is None:
@@ -335,7 +342,12 @@ class WarpOp:
             od = _validate.call_output_dims(self.name, self.sig, od, inputs)
         return ld, od
 
-    def plan(self, device: Any, layouts: tuple, launch_dims: Any, output_dims: Any) -> _plan.Plan:
+    def plan(self, warp_device: Any, device: Any, layouts: tuple, launch_dims: Any, output_dims: Any) -> _plan.Plan:
+        """The launch plan for arrays on framework ``device`` (``warp_device`` maps it to Warp's)
+        with these layouts and dims. Warp's runtime is set up here, on the first call, not when
+        an op is made: ``import warpbridge`` declares ops without touching it."""
+        _plan.ensure_init()
+        device = warp_device(device)
         first = layouts[0][0] if layouts else None
         shapes = [shape for shape, _ in layouts]
         launch, out_shapes = _validate.resolve_dims(self.name, self.sig, first, launch_dims, output_dims, shapes)
@@ -594,6 +606,14 @@ def op(
 
 
 _REGISTRY: dict[Any, WarpOp] = {}
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # every op, for a backend loaded after they were made
+
+
+def live_ops() -> list[WarpOp]:
+    """Every op that exists (a backend loaded later sets itself up for each, see ``on_new_op``)."""
+    return list(_LIVE)
+
+
 _REGISTRY_LOCK = threading.Lock()
 
 

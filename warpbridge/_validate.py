@@ -343,5 +343,5 @@ def prepare(op: Any, args: Sequence[Any], launch_dims: Any, output_dims: Any, fw
     if device is None:
         device = fw.default_device
     ld, od = op.dims(launch_dims, output_dims, input_values(sig, args, [s for s, _ in layouts]))
-    plan = op.plan(fw.warp_device(device), tuple(layouts), ld, od)
+    plan = op.plan(fw.warp_device, device, tuple(layouts), ld, od)
     return Prepared(plan, tuple(scalars), arrays, device)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
+from .. import _op
 from .. import grad_buffer as _grad_buffer
 from .._errors import fail
 from . import _core, _func, _library
@@ -184,6 +185,10 @@ class TorchBackend(_core._Torch):
                 "name (wb.op(kernel, name=...))",
             )
 
+    @staticmethod
+    def tracing() -> bool:
+        return torch.compiler.is_compiling()
+
     def op_attribute(self, op: Any, name: str) -> Any:
         if op.generic:
             raise fail(
@@ -195,3 +200,8 @@ class TorchBackend(_core._Torch):
 
 
 BACKEND = TorchBackend()
+# Ops made before this adapter loaded (warpbridge imported before torch, its neighbour ops
+# among them) are registered now: the first call may come inside torch.compile, which runs
+# this import but cannot trace a registration.
+for _existing in _op.live_ops():
+    BACKEND.on_new_op(_existing)
