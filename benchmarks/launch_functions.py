@@ -14,7 +14,7 @@ warpbridge runs each way users do: tensors with ``requires_grad``, the loss redu
 ``.backward()`` accumulating into ``.grad``. "kept tape" is the default (the forward's tape
 kept for the backward); "recompute" is ``wb.op(..., recompute=True)`` (the function re-run
 under a fresh tape in the backward). Side by side in one process, interleaved rounds,
-medians.
+medians of 11 (for the examples, each the mean of 10 calls in a row: they take milliseconds).
 
 Usage: python benchmarks/launch_functions.py [--quick] [--repeat 11] [--out DIR]
     -> table + DIR/launch_functions-<machine>.json (DIR: benchmarks/results)
@@ -216,16 +216,18 @@ def example_cases(seed: int = 1) -> dict:
     return cases
 
 
-def interleaved(fns: dict, repeat: int) -> dict:
-    """Median ms of each function, rounds interleaved (each round runs every function once)."""
+def interleaved(fns: dict, repeat: int, inner: int = 1) -> dict:
+    """Median over ``repeat`` rounds of each function's ms per call (the mean of ``inner``
+    calls in a row), rounds interleaved: each round runs every function."""
     for fn in fns.values():
         fn()  # warm: modules loaded, plans made
     times: dict = {k: [] for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():
             t = time.perf_counter()
-            fn()
-            times[k].append((time.perf_counter() - t) * 1e3)
+            for _ in range(inner):
+                fn()
+            times[k].append((time.perf_counter() - t) * 1e3 / inner)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -248,7 +250,7 @@ def main() -> None:
     for k in fns:
         rows.append({"case": f"rollout, {STEPS} steps x {N} particles", "way": k, "ms": ms[k], "peak_mib": mem[k]})
     for case, case_fns in example_cases().items():
-        ms = interleaved(case_fns, args.repeat)
+        ms = interleaved(case_fns, args.repeat, inner=10)  # milliseconds a call: 10 in a row
         rows.extend({"case": case, "way": k, "ms": ms[k], "peak_mib": None} for k in case_fns)
     by_case: dict = {}
     for r in rows:
