@@ -182,3 +182,28 @@ def test_first_call_inside_torch_compile_with_warpbridge_imported_first():
     code = FIRST_CALL_COMPILED.format(tests=os.path.dirname(__file__))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+@pytest.mark.compile
+def test_a_new_mesh_every_step_does_not_recompile():
+    # the mesh follows the parameters: a new wp.Mesh (a new id) each step, passed as an int
+    import warp as wp
+    from realcode_kernels import closest_distance
+
+    op = wb.op(closest_distance)
+    counter = CompileCounter()
+
+    @torch.compile(backend=counter, dynamic=True, fullgraph=True)
+    def distances(mesh_id, q):
+        return op(mesh_id, q)
+
+    faces = wp.array([0, 1, 2], dtype=wp.int32)
+    q = torch.tensor([[0.2, 0.2, 0.5], [0.1, 0.3, -0.4]])
+    meshes = []
+    for step in range(6):
+        z = 0.05 * step  # the triangle moves up: the distances change
+        pts = wp.array([[0.0, 0.0, z], [1.0, 0.0, z], [0.0, 1.0, z]], dtype=wp.vec3)
+        meshes.append(wp.Mesh(points=pts, indices=faces))
+        d = distances(meshes[-1].id, q)
+        torch.testing.assert_close(d, (q[:, 2] - z).abs())
+    assert counter.frame_count <= 2  # the first trace fills a type cache once; never per mesh

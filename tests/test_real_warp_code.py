@@ -418,3 +418,15 @@ def test_in_out_under_torch_compile():
     ax, av = _kick_drift_reference(rx, v0, f0, 0.01)
     ((ax * ax).sum() + av.sum()).backward()
     torch.testing.assert_close(x.grad, rx.grad)
+
+
+def test_a_mesh_object_stands_for_its_id():
+    points = wp.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=wp.vec3)
+    mesh = wp.Mesh(points=points, indices=wp.array([0, 1, 2], dtype=wp.int32))
+    op = wb.op(K.closest_distance)
+    q = torch.tensor([[0.2, 0.2, 0.5], [0.3, 0.1, -0.7]], requires_grad=True)
+    d = op(mesh, q)
+    torch.testing.assert_close(d, op(mesh.id, q))
+    torch.testing.assert_close(d, torch.tensor([0.5, 0.7]))
+    d.sum().backward()
+    torch.testing.assert_close(q.grad, torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, -1.0]]))

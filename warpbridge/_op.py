@@ -73,6 +73,7 @@ class WarpOp:
         self._array_positions = tuple(p.position for p in self.sig.array_inputs)
         self._dims_from_inputs = callable(self.output_dims)
         self._indexed = tuple(p for p in self.sig.inputs if p.indexed)
+        self._handles = tuple(p.position for p in self.sig.inputs if not p.is_array and p.dtype_name == "uint64")
         self._lock = threading.Lock()
         self.__doc__ = getattr(fn, "__doc__", None) or f"warpbridge op wrapping {name}."
         self.__wrapped__ = fn
@@ -199,9 +200,21 @@ class WarpOp:
         """Like calling the op, auxiliary outputs included (one array, or a tuple of all)."""
         if self._indexed:
             args = self._gather(args)
+        if self._handles:
+            args = self._handle_ids(args)
         if self.generic:
             return self.instance(*args).call_all(*args, launch_dims=launch_dims, output_dims=output_dims)
         return _adapter(self, args).call(self, args, launch_dims, output_dims)
+
+    def _handle_ids(self, args: tuple) -> tuple:
+        """A ``wp.Mesh``, ``wp.HashGrid``, ``wp.Bvh`` or ``wp.Volume`` given for a uint64
+        parameter stands for its id (under ``torch.compile(dynamic=True)`` pass the id itself:
+        an object is guarded by identity, so a new one each step would recompile)."""
+        out = list(args)
+        for i in self._handles:
+            if i < len(out) and isinstance(out[i], _HANDLE_TYPES):
+                out[i] = out[i].id
+        return tuple(out)
 
     def _gather(self, args: tuple) -> tuple:
         """A ``wp.indexedarray`` input called with ``(values, index, ...)``: the framework's own
@@ -605,6 +618,7 @@ def op(
     return _cached(fn, kw)
 
 
+_HANDLE_TYPES = (wp.Mesh, wp.HashGrid, wp.Bvh, wp.Volume)  # passed to kernels by their uint64 id
 _REGISTRY: dict[Any, WarpOp] = {}
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every op, for a backend loaded after they were made
 

@@ -43,7 +43,10 @@ def _same(a: WarpOp, b: WarpOp) -> bool:
 
 
 def _scalar_schema(p: Any) -> str:
-    base = "float" if p.is_float else ("bool" if p.dtype_name == "bool" else "int")
+    # SymInt, not int: under torch.compile(dynamic=True) an integer scalar that changes every
+    # step (a new wp.Mesh's or wp.HashGrid's id, a step count) stays symbolic instead of being
+    # specialised, which recompiled the graph for each value
+    base = "float" if p.is_float else ("bool" if p.dtype_name == "bool" else "SymInt")
     return f"{base}[]" if p.inner_shape else base
 
 
