@@ -246,3 +246,19 @@ def reads_after_store(x: wp.array(dtype=f64), c: f64):
 def output_in_the_middle(x: wp.array(dtype=f64), y: wp.array(dtype=f64), a: f64):
     i = wp.tid()
     y[i] = a * wp.sin(x[i])
+
+
+# -- index arrays ---------------------------------------------------------------------------
+
+
+@wp.kernel
+def gather_rows(idx: wp.array(dtype=wp.int64), x: wp.array2d(dtype=f64), y: wp.array(dtype=f64)):
+    i = wp.tid()
+    y[i] = x[idx[i], 1]
+
+
+@wp.kernel
+def scatter_through_local(v: wp.array(dtype=f64), idx: wp.array(dtype=wp.int32), out: wp.array(dtype=f64)):
+    i = wp.tid()
+    j = idx[i]
+    wp.atomic_add(out, j, v[i])

@@ -430,3 +430,26 @@ def test_a_mesh_object_stands_for_its_id():
     torch.testing.assert_close(d, torch.tensor([0.5, 0.7]))
     d.sum().backward()
     torch.testing.assert_close(q.grad, torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, -1.0]]))
+
+
+# -- debug mode: index arrays checked before the launch --------------------------------------
+
+
+def test_debug_mode_refuses_out_of_range_indices_before_the_launch():
+    op = wb.op(K.gather_rows, debug=True)
+    x = torch.rand(4, 3, dtype=f64)
+    torch.testing.assert_close(op(torch.tensor([3, 0, -1]), x), x[[3, 0, -1], 1])
+    with pytest.raises(wb.WarpBridgeError, match=r"'idx' holds 4 at flat index 1.*dimension 0 of 'x' \(size 4\)"):
+        op(torch.tensor([0, 4, 1]), x)
+    with pytest.raises(wb.WarpBridgeError, match=r"'idx' holds 0 at flat index 0.*\(size 0\)"):
+        op(torch.tensor([0]), torch.zeros(0, 3, dtype=f64))  # a zero-size array indexed
+
+
+def test_debug_mode_follows_an_index_through_a_local():
+    op = wb.op(K.scatter_through_local, output_dims=(3,), debug=True)
+    v = torch.ones(4, dtype=f64)
+    torch.testing.assert_close(
+        op(v, torch.tensor([0, 2, 2, 1], dtype=torch.int32)), torch.tensor([1.0, 1.0, 2.0], dtype=f64)
+    )
+    with pytest.raises(wb.WarpBridgeError, match=r"'idx' holds 7 at flat index 3.*'out' \(size 3\)"):
+        op(v, torch.tensor([0, 2, 2, 7], dtype=torch.int32))

@@ -633,3 +633,52 @@ def tid_indexed(tree: ast.AST, names: set[str]) -> dict[str, list[tuple[int, int
                 if entry[:2] not in {x[:2] for x in found.get(name, [])}:
                     found.setdefault(name, []).append(entry)
     return found
+
+
+# -- arrays indexed by another array's values -------------------------------------------------
+
+
+def index_uses(tree: ast.AST, arrays: set[str], indices: set[str]) -> list[tuple[str, int, str, int]]:
+    """(array, dim, index array, line) for each access ``a[..., idx[...], ...]`` in which the
+    values of integer array ``idx`` (one of ``indices``) index dimension ``dim`` of array ``a``
+    (one of ``arrays``), directly or through a local assigned once from ``idx[...]``
+    (``j = idx[i]`` ... ``a[j]``). A debug-mode op checks those values before the launch."""
+    stores = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+    via: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            source = _index_source(node.value, indices, {})
+            if source is not None and stores.count(node.targets[0].id) == 1:
+                via[node.targets[0].id] = source
+    found: list[tuple[str, int, str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in arrays:
+            sl = node.slice
+            array, positions = node.value.id, sl.elts if isinstance(sl, ast.Tuple) else [sl]
+        elif (
+            isinstance(node, ast.Call)
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", ""))
+            in _ATOMIC_WRITES
+            and len(node.args) >= 3
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id in arrays
+        ):
+            array, positions = node.args[0].id, node.args[1:-1]  # wp.atomic_add(a, i, j, value)
+        else:
+            continue
+        for dim, e in enumerate(positions):
+            source = _index_source(e, indices, via)
+            entry = (array, dim, source, node.lineno)
+            if source is not None and entry[:3] not in {f[:3] for f in found}:
+                found.append(entry)
+    return found
+
+
+def _index_source(e: ast.AST, indices: set[str], via: dict[str, str]) -> str | None:
+    if isinstance(e, ast.Name):
+        return via.get(e.id)
+    if isinstance(e, ast.Subscript) and isinstance(e.value, ast.Name) and e.value.id in indices:
+        return e.value.id
+    if isinstance(e, ast.Call) and len(e.args) == 1 and not e.keywords:  # int(idx[i])
+        return _index_source(e.args[0], indices, via)
+    return None

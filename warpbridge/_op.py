@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import os
 import pickle
 import re
 import threading
@@ -45,6 +46,7 @@ class WarpOp:
         recompute: bool = False,
         outputs: Any = None,
         in_out: Any = (),
+        debug: bool = False,
         _registered_as: str | None = None,
     ):
         explicit = name is not None
@@ -57,6 +59,9 @@ class WarpOp:
         self.trust_adjoint = _trusted(name, trust_adjoint)
         if not isinstance(recompute, bool):
             raise fail(name, f"recompute must be a bool, got {recompute!r}")
+        if not isinstance(debug, bool):
+            raise fail(name, f"debug must be a bool, got {debug!r}")
+        self.debug = debug or os.environ.get("WARPBRIDGE_DEBUG", "") not in ("", "0")
         self.custom_backward: _backward.CustomBackward | None = None
         self.name = name
         self.sig = Signature(fn, num_outputs, name, aux, outputs=outputs, in_out=in_out)
@@ -87,6 +92,8 @@ class WarpOp:
         )
         if recompute:
             self._options["recompute"] = True
+        if debug:
+            self._options["debug"] = True
         if outputs is not None:
             self._options["outputs"] = tuple(p.name for p in self.sig.outputs if not p.in_out)
         if self.sig.in_out_pairs:
@@ -368,7 +375,7 @@ class WarpOp:
         plan = self._plans.get(key)
         if plan is None:
             _validate.check_bounds(self.name, self.sig, layouts, launch, out_shapes)
-            plan = _plan.Plan(self.sig, device, layouts, launch, out_shapes)
+            plan = _plan.Plan(self.sig, device, layouts, launch, out_shapes, debug=self.debug)
             if len(self._plans) >= MAX_CACHED:
                 self._plans.clear()
             self._plans[key] = plan
@@ -495,6 +502,7 @@ def op(
     recompute: bool = False,
     outputs: Sequence[str] | None = None,
     in_out: Sequence[str] = (),
+    debug: bool = False,
 ) -> Callable[[Any], WarpOp]: ...
 
 
@@ -513,6 +521,7 @@ def op(
     recompute: bool = False,
     outputs: Sequence[str] | None = None,
     in_out: Sequence[str] = (),
+    debug: bool = False,
 ) -> WarpOp: ...
 
 
@@ -530,6 +539,7 @@ def op(
     recompute: bool = False,
     outputs: Sequence[str] | None = None,
     in_out: Sequence[str] = (),
+    debug: bool = False,
 ) -> WarpOp | Callable[[Any], WarpOp]:
     """Turn a Warp kernel, or a function that launches kernels, into a differentiable operator.
 
@@ -577,6 +587,12 @@ def op(
             runs on a fresh copy, returned after the named outputs, in signature order. Its
             gradient is right where each element is read before it is stored (refused
             otherwise, naming the line).
+        debug: kernels: before each launch, check the values of every integer array the kernel
+            uses as indices into another array (``x[idx[i]]``, or ``j = idx[i]`` ... ``x[j]``)
+            against that array's size, and raise a ``WarpBridgeError`` naming both instead of
+            reading or writing out of bounds (Warp's own debug checks end the process). Costs a
+            pass over those arrays on the host per call. Also on for every op with the
+            environment variable ``WARPBRIDGE_DEBUG=1``.
         recompute: for a launch function: re-run it under a fresh ``wp.Tape`` in the backward
             instead of keeping the forward's tape (and its intermediates) until then. Saves
             memory between forward and backward, costs one more forward. PyTorch eager calls
@@ -612,6 +628,7 @@ def op(
         recompute=recompute,
         outputs=outputs,
         in_out=in_out,
+        debug=debug,
     )
     if fn is None:
         return lambda f: _cached(f, kw)

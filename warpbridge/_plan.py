@@ -83,6 +83,10 @@ def _thread_local_tape(runtime: Any) -> None:
         local.tape = current
 
 
+_INT_FORMATS = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i", "uint32": "I", "int64": "q",
+                "uint64": "Q"}  # fmt: skip
+
+
 def _descriptor(ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
     return _array_t(ptr, 0, len(shape), shape, strides)
 
@@ -124,8 +128,9 @@ class Plan:
     CPU tile kernels) the launch goes through ``wp.launch`` on the caller's stream.
     """
 
-    def __init__(self, sig: Signature, device: Any, in_layouts, launch, out_shapes):
+    def __init__(self, sig: Signature, device: Any, in_layouts, launch, out_shapes, debug: bool = False):
         self.sig = sig
+        self.check_indices = debug and bool(sig.kind == "kernel" and sig.index_uses)
         self.device = device
         self.launch_dims = launch
         self.out_shapes = out_shapes  # Warp shapes
@@ -208,6 +213,8 @@ class Plan:
     ) -> None:
         """Launch the forward kernel. ``scalars`` are already packed. An in_out output starts as
         a copy of its input."""
+        if self.check_indices:
+            self._check_indices(in_ptrs)
         for k, j in self.sig.in_out_pairs:
             self._seed(k, j, in_ptrs[k], out_ptrs[j], stream)
         if self.size == 0:
@@ -277,6 +284,40 @@ class Plan:
                 device=self.device,
                 stream=stream,
             )
+
+    def _check_indices(self, in_ptrs: Sequence[int]) -> None:
+        """Debug mode: refuse index arrays whose values would reach past the arrays they index
+        (Warp's own bounds checks stop the process)."""
+        sig = self.sig
+        shapes = {p.name: layout[0] for p, layout in zip(sig.array_inputs, self.in_layouts)}
+        shapes.update((p.name, s) for p, s in zip(sig.outputs, self.out_shapes))
+        position = {p.name: k for k, p in enumerate(sig.array_inputs)}
+        for array, dim, source, line in sig.index_uses:
+            shape = shapes.get(array, ())
+            if dim >= len(shape) or source not in position:
+                continue
+            k = position[source]
+            n = shape[dim]
+            for i, v in enumerate(self._host_values(k, in_ptrs[k])):
+                if not -n <= v < n:
+                    raise fail(
+                        sig.name,
+                        f"argument '{source}' holds {v} at flat index {i}, but kernel '{sig.kernel.key}' indexes "
+                        f"dimension {dim} of '{array}' (size {n}) with its values (line "
+                        f"{sig._first_line + line - 1}): the launch would access memory out of bounds. Valid "
+                        f"indices are {-n}..{n - 1}",
+                    )
+
+    def _host_values(self, k: int, ptr: int) -> memoryview:
+        """Array input ``k``'s integer values, read on the host."""
+        p = self.sig.array_inputs[k]
+        shape, strides = self.in_layouts[k]
+        if not math.prod(shape):
+            return memoryview(b"").cast("B")
+        view = wp.array(ptr=ptr, dtype=p.wp_type.dtype, shape=shape, strides=strides, device=self.device)
+        host = wp.clone(view, device="cpu", requires_grad=False)
+        raw = ctypes.string_at(host.ptr, host.size * itemsize(p))
+        return memoryview(raw).cast(_INT_FORMATS[p.dtype_name])
 
     def _seed(self, k: int, j: int, in_ptr: int, out_ptr: int, stream: Any) -> None:
         """Copy array input ``k`` into output ``j`` (Warp views over both buffers)."""

@@ -193,6 +193,10 @@ class Signature:
             self._in_out = frozenset(in_out)
             # (array dim, launch dim, line) per array the kernel indexes with a thread index
             self.tid_indexed = _adjoint.tid_indexed(fn.adj.tree, {p.name for p in self.array_inputs + self.outputs})
+            # (array, dim, index array, line): array values used as indices, checked in debug mode
+            ints = {p.name for p in self.array_inputs if p.dtype_name.startswith(("int", "uint")) and not p.inner_shape}
+            names = {p.name for p in self.array_inputs + self.outputs}
+            self.index_uses = _adjoint.index_uses(fn.adj.tree, names, ints)
             self._first_line = fn.adj.fun_lineno
         else:
             self.backward_enabled = True
@@ -201,6 +205,7 @@ class Signature:
             self._overwritten = {}
             self._in_out = frozenset()
             self.tid_indexed = {}
+            self.index_uses = []
         self._hazards: tuple | None = None
 
     def hazards(self) -> tuple:
