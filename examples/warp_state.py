@@ -9,6 +9,8 @@ gravity and quadratic drag, the projectile lands on its target.
   caller's tensors are never written.
 * ``miss`` is a launch function with a scratch array made by plain ``wp.zeros``, no
   ``requires_grad``: warpbridge's tape gives it a gradient anyway.
+* ``apex`` writes its output into its *first* parameter, as many Warp kernels do:
+  ``wb.op(apex, outputs=("height",))`` says so.
 
 Run: python examples/warp_state.py
 """
@@ -45,6 +47,12 @@ def squared_norm(d: wp.array(dtype=wp.vec3), out: wp.array(dtype=float)):
     out[i] = wp.dot(d[i], d[i])
 
 
+@wp.kernel
+def apex(height: wp.array(dtype=float), x: wp.array(dtype=wp.vec3)):
+    i = wp.tid()
+    wp.atomic_max(height, i, x[i][1])
+
+
 def miss(x: wp.array(dtype=wp.vec3), target: wp.array(dtype=wp.vec3), out: wp.array(dtype=float)):
     d = wp.zeros(x.shape[0], dtype=wp.vec3, device=x.device)  # no requires_grad needed
     wp.launch(offset, dim=x.shape[0], inputs=[x, target, d])
@@ -53,6 +61,7 @@ def miss(x: wp.array(dtype=wp.vec3), target: wp.array(dtype=wp.vec3), out: wp.ar
 
 step = wb.op(integrate, in_out=("x", "v"))
 distance = wb.op(miss)
+highest = wb.op(apex, outputs=("height",))
 
 
 def main(iters: int = 150, n: int = 64, seed: int = 0) -> float:
@@ -72,6 +81,12 @@ def main(iters: int = 150, n: int = 64, seed: int = 0) -> float:
         if it % 50 == 0 or it == iters - 1:
             print(f"iteration {it:3d}: mean squared miss {loss.item():.4f} m^2")
     assert torch.count_nonzero(start) == 0  # the caller's state was never written
+    with torch.no_grad():  # the highest point of each trajectory, through the outputs= op
+        x, v, top = start, v0, torch.zeros(n)
+        for _ in range(STEPS):
+            x, v = step(x, v, DT)
+            top = torch.maximum(top, highest(x))
+    print(f"apex heights: {top.min():.2f} to {top.max():.2f} m")
     return loss.item()
 
 
