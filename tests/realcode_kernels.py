@@ -262,3 +262,14 @@ def scatter_through_local(v: wp.array(dtype=f64), idx: wp.array(dtype=wp.int32),
     i = wp.tid()
     j = idx[i]
     wp.atomic_add(out, j, v[i])
+
+
+# -- scalars of every kind ------------------------------------------------------------------
+
+
+@wp.kernel
+def scalar_sum(
+    x: wp.array(dtype=f64), v: wp.vec3i, s: wp.float32, h: wp.float16, b: wp.bfloat16, y: wp.array(dtype=f64)
+):
+    i = wp.tid()
+    y[i] = x[i] + f64(v[0] + v[1] + v[2]) + f64(s) + f64(h) + f64(b)

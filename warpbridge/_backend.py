@@ -58,7 +58,14 @@ class Backend:
         """(dtype name, shape, device in words), for validation that names them."""
         raise NotImplementedError
 
-    def tracing(self) -> bool:
+    @staticmethod
+    def values(a: Any) -> Any:
+        """``a``, or an array whose memory holds ``a``'s values where a view's does not (PyTorch's
+        negative and conjugate bits), differentiably."""
+        return a
+
+    @staticmethod
+    def tracing() -> bool:
         """Whether the call is being traced by a compiler that cannot run warpbridge's one-time
         set-up (making an op, registering it)."""
         return False

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import ctypes
 import math
+import operator
+import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
-
-import warp as wp
 
 from ._errors import describe as describe_value
 from ._errors import fail
@@ -24,9 +24,33 @@ _ITEMSIZE = {
 }  # fmt: skip
 # 16-bit float scalars travel as raw bits in kernel argument structs: (to bits, from bits)
 WARP_TYPES = {name: t for t, name in _SCALAR_NAMES.items()}  # dtype name -> Warp scalar type
+
+
+def _float_to_half_bits(f: float) -> int:
+    return struct.unpack("<H", struct.pack("<e", f))[0]  # round to nearest even, as Warp's
+
+
+def _half_bits_to_float(bits: int) -> float:
+    return struct.unpack("<e", struct.pack("<H", bits))[0]
+
+
+def _float_to_bfloat16_bits(f: float) -> int:
+    bits = struct.unpack("<I", struct.pack("<f", f))[0] if abs(f) < 3.5e38 or not math.isfinite(f) else None
+    if bits is None:  # past float32's range: inf of the same sign
+        return 0xFF80 if f < 0 else 0x7F80
+    if (bits & 0x7F800000) == 0x7F800000 and bits & 0x7FFFFF:
+        return (bits >> 16) | 0x40  # a NaN stays a (quiet) NaN
+    return (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest even, as Warp's
+
+
+def _bfloat16_bits_to_float(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits << 16))[0]
+
+
+# float16 / bfloat16 scalars travel as raw bits (no Warp runtime needed to convert them)
 _HALF_BITS = {
-    "float16": (wp._src.types.float_to_half_bits, wp._src.types.half_bits_to_float),
-    "bfloat16": (wp._src.types.float_to_bfloat16_bits, wp._src.types.bfloat16_bits_to_float),
+    "float16": (_float_to_half_bits, _half_bits_to_float),
+    "bfloat16": (_float_to_bfloat16_bits, _bfloat16_bits_to_float),
 }
 
 _MAX_DIMS = 4
@@ -226,17 +250,18 @@ def make_scalar_packer(op: str, p: Param):
         return pack_struct
     if p.inner_shape:
         n = math.prod(p.inner_shape)
+        component = _float_checker(op, p) if p.is_float else _int_checker(op, p)
 
         def pack_composite(v: Any) -> Any:
             try:
-                flat = [float(x) if p.is_float else int(x) for x in _flatten(v)]
+                items = _flatten(v)
             except TypeError:
-                flat = None
-            if flat is None or len(flat) != n:
+                items = None
+            if items is None or len(items) != n:
                 raise fail(
                     op, f"argument '{p.name}' must be a sequence of {n} numbers for {p.describe_type()}, got {v!r}"
                 )
-            return p.wp_type(*flat)
+            return p.wp_type(*[component(x, f" component {k}") for k, x in enumerate(items)])
 
         return pack_composite
     if name == "bool":
@@ -248,27 +273,71 @@ def make_scalar_packer(op: str, p: Param):
 
         return pack_bool
     if p.is_float:
+        check = _float_checker(op, p)
 
         def pack_float(v: Any) -> Any:
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise fail(op, f"argument '{p.name}' must be a Python number ({name} scalar), got {_what(v)}")
+            f = check(v)
             # float16 / bfloat16 fields hold raw bits
-            if name in _HALF_BITS:
-                return _HALF_BITS[name][0](float(v))
-            return float(v)
+            return _HALF_BITS[name][0](f) if name in _HALF_BITS else f
 
         return pack_float
+    return _int_checker(op, p)
+
+
+# The largest finite value of each float type: a finite scalar beyond it would round to inf.
+_FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
+# Half the gap to the next power of two past the largest value: below it a value rounds down.
+_ROUNDS_TO_MAX = {"float16": 65520.0, "bfloat16": 3.39617752923046e38, "float32": 3.4028235677973366e38}
+
+
+def _float_checker(op: str, p: Param):
+    """A float scalar (or component), checked: a real number that is finite in the kernel's type
+    unless given as inf or nan itself."""
+    name = p.dtype_name
+    limit = _ROUNDS_TO_MAX.get(name)
+
+    def check(v: Any, where: str = "") -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise fail(op, f"argument '{p.name}'{where} must be a Python number ({name} scalar), got {_what(v)}")
+        try:
+            f = float(v)
+        except OverflowError:
+            shown = str(v) if len(str(v)) < 24 else f"{str(v)[:12]}... ({len(str(v))} digits)"
+            raise fail(op, f"argument '{p.name}'{where} = {shown} is too large for any float type") from None
+        if limit is not None and math.isfinite(f) and abs(f) >= limit:
+            raise fail(
+                op,
+                f"argument '{p.name}'{where} = {v!r} would round to inf in {name} (largest finite value "
+                f"{_FLOAT_MAX[name]:.9g}); pass inf itself if you mean it",
+            )
+        return f
+
+    return check
+
+
+def _int_checker(op: str, p: Param):
+    """An integer scalar (or component), checked: a Python int, NumPy integer or 0-d integer
+    tensor, in the kernel type's range. Never truncated, parsed or wrapped."""
+    name = p.dtype_name
     bits = _ITEMSIZE[name] * 8
     lo, hi = (0, 2**bits - 1) if name.startswith("u") else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
 
-    def pack_int(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise fail(op, f"argument '{p.name}' must be a Python int ({name} scalar), got {_what(v)}")
-        if not lo <= v <= hi:
-            raise fail(op, f"argument '{p.name}' = {v} does not fit {name} [{lo}, {hi}]")
-        return v
+    def check(v: Any, where: str = "") -> int:
+        try:
+            i = None if isinstance(v, bool) else operator.index(v)
+        except TypeError:
+            i = None
+        if i is None:
+            raise fail(
+                op,
+                f"argument '{p.name}'{where} must be a Python int ({name} scalar), got {_what(v)} (integer "
+                "scalars of array libraries and 0-d integer arrays work too; values are never truncated)",
+            )
+        if not lo <= i <= hi:
+            raise fail(op, f"argument '{p.name}'{where} = {i} does not fit {name} [{lo}, {hi}]")
+        return i
 
-    return pack_int
+    return check
 
 
 def _what(v: Any) -> str:
@@ -324,6 +393,7 @@ def prepare(op: Any, args: Sequence[Any], launch_dims: Any, output_dims: Any, fw
             raise fail(
                 op.name, f"argument '{p.name}' must be a {fw.array_name} ({p.describe_type()}), got {describe_value(a)}"
             )
+        a = fw.values(a)  # a view whose memory does not hold its values (a negative or conjugate bit)
         dtype_name, shape, strides, itemsize, dev = fw.meta(a)
         if device is None:
             device = dev

@@ -93,6 +93,11 @@ class _Torch(Backend):
     def ptr(a: torch.Tensor) -> int:
         return a.data_ptr()
 
+    @staticmethod
+    def values(a: torch.Tensor) -> torch.Tensor:
+        # torch._neg_view(x), x.conj().imag: the memory holds -x, the tensor means x
+        return a.resolve_neg().resolve_conj() if a.is_neg() or a.is_conj() else a
+
     warp_device = staticmethod(warp_device)
 
 
@@ -130,7 +135,7 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
             key = (
                 launch_dims,
                 output_dims,
-                *[(t.dtype, t.shape, t.stride(), t.device) for t in map(args.__getitem__, positions)],
+                *[(t.dtype, t.shape, t.stride(), t.device, t.is_neg()) for t in map(args.__getitem__, positions)],
             )
             if op._dims_from_inputs or callable(output_dims):  # output shapes may depend on the scalars too
                 key += tuple([args[i] for _, i in op._scalar_packers])
