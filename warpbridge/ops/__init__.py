@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 import sys
 from typing import Any
 
@@ -98,12 +99,26 @@ def _ops(dtype: str) -> Any:
     return _DECLARED[dtype]
 
 
-def _positive(op: str, name: str, value: Any) -> float:
+def _positive(op: str, name: str, value: Any, dtype: str) -> float:
+    """A positive, finite number that stays so in the float type the op computes in (float32
+    for float16/bfloat16/float32 inputs): ``sigma=1e-50`` is 0 in float32, and every weight NaN."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise fail(op, f"'{name}' must be a positive Python number, got {describe(value)}")
     v = float(value)
     if not (math.isfinite(v) and v > 0):
         raise fail(op, f"'{name}' must be positive and finite, got {v!r}")
+    if dtype != "float64":
+        try:
+            single = struct.unpack("<f", struct.pack("<f", v))[0]
+        except OverflowError:
+            single = math.inf
+        if not (math.isfinite(single) and single > 0):
+            raise fail(
+                op,
+                f"'{name}' = {v!r} is {'0' if single == 0 else 'inf'} in float32, which {dtype} inputs are computed "
+                f"in (its positive values run from 1.4e-45 to 3.4e+38): pass a {name} in that range, or float64 "
+                "inputs",
+            )
     return v
 
 
@@ -146,7 +161,7 @@ def radius_aggregate(query: Any, ref: Any, features: Any, radius: float, sigma: 
     arrays = {"query": query, "ref": ref, "features": features}
     a = _adapter(op, arrays)
     dtype = _check_clouds(op, a, arrays)
-    radius, sigma = _positive(op, "radius", radius), _positive(op, "sigma", sigma)
+    radius, sigma = _positive(op, "radius", radius, dtype), _positive(op, "sigma", sigma, dtype)
     args, ops, half = _widen(op, a, arrays, dtype)
     out = ops.radius_aggregate(*args, radius, sigma)
     return a.cast(out, half) if half else out
@@ -208,7 +223,7 @@ def knn_aggregate(query: Any, ref: Any, features: Any, k: int, sigma: float) -> 
     arrays = {"query": query, "ref": ref, "features": features}
     a = _adapter(op, arrays)
     dtype = _check_clouds(op, a, arrays)
-    k, sigma = _k(op, k, a.info(ref)[1][0]), _positive(op, "sigma", sigma)
+    k, sigma = _k(op, k, a.info(ref)[1][0]), _positive(op, "sigma", sigma, dtype)
     args, ops, half = _widen(op, a, arrays, dtype)
     out = ops.knn_aggregate(*args, k, sigma)
     return a.cast(out, half) if half else out
