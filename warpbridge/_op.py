@@ -3,6 +3,7 @@ finds the caller's framework from the arguments' types and hands over to that ad
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import inspect
@@ -63,6 +64,8 @@ class WarpOp:
             raise fail(name, f"debug must be a bool, got {debug!r}")
         self.debug = debug or os.environ.get("WARPBRIDGE_DEBUG", "") not in ("", "0")
         self.custom_backward: _backward.CustomBackward | None = None
+        if not _DEFERRED_INIT:
+            _plan.ensure_init()  # the caller may go on with Warp calls that need the runtime
         self.name = name
         self.sig = Signature(fn, num_outputs, name, aux, outputs=outputs, in_out=in_out)
         # A generic kernel (``Any`` types) is a template: each call runs the instance for its
@@ -636,6 +639,18 @@ def op(
 
 
 _HANDLE_TYPES = (wp.Mesh, wp.HashGrid, wp.Bvh, wp.Volume)  # passed to kernels by their uint64 id
+_DEFERRED_INIT: list = []  # non-empty while ops are declared at import (see deferred_init)
+
+
+@contextlib.contextmanager
+def deferred_init():
+    """Make ops without setting up Warp's runtime (``import warpbridge`` declares the neighbour
+    ops; the runtime, and Warp's device warnings, come with the first call)."""
+    _DEFERRED_INIT.append(True)
+    try:
+        yield
+    finally:
+        _DEFERRED_INIT.pop()
 _REGISTRY: dict[Any, WarpOp] = {}
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every op, for a backend loaded after they were made
 

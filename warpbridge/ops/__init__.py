@@ -26,6 +26,7 @@ import struct
 import sys
 from typing import Any
 
+from .. import _op
 from .._errors import describe, fail
 from .._frameworks import for_arrays
 from . import _run
@@ -92,7 +93,8 @@ def _widen(op: str, adapter: Any, arrays: dict[str, Any], dtype: str) -> tuple[l
 
 # Declared at import (~45 ms for both), not on first use: a first call may come inside
 # torch.compile, which cannot trace making an op.
-_DECLARED: dict[str, Any] = {dtype: _run.declared(dtype) for dtype in ("float32", "float64")}
+with _op.deferred_init():
+    _DECLARED: dict[str, Any] = {dtype: _run.declared(dtype) for dtype in ("float32", "float64")}
 
 
 def _ops(dtype: str) -> Any:
