@@ -651,6 +651,8 @@ def deferred_init():
         yield
     finally:
         _DEFERRED_INIT.pop()
+
+
 _REGISTRY: dict[Any, WarpOp] = {}
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every op, for a backend loaded after they were made
 
