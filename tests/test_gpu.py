@@ -47,3 +47,10 @@ def test_cuda_graph_capture():
     g.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, x.sin() * y)
+
+
+def test_tensors_on_two_devices_are_refused_naming_both():
+    op = wb.op(K.mul64)
+    x, y = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64, device="cuda")
+    with pytest.raises(wb.WarpBridgeError, match=r"all arrays must be on one device: argument 'y' is on cuda:0"):
+        op(x, y)

@@ -109,3 +109,38 @@ def test_tiny_sigmas_that_float32_holds_stay_finite_and_float64_takes_any():
     q64, r64, f64_ = (t.double() for t in _clouds(torch.float32))
     nearest = wb.ops.knn(q64, r64, 1)[1][:, 0]
     torch.testing.assert_close(wb.ops.knn_aggregate(q64, r64, f64_, k=4, sigma=1e-50), f64_[nearest])
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: torch.rand(3, dtype=f64).to_sparse(), r"'x' is a tensor with layout torch.sparse_coo"),
+        (
+            lambda: torch.empty(3, dtype=f64, device="meta"),
+            r"'x' is a meta tensor \(it has no data\)",
+        ),
+        (
+            lambda: torch.nested.nested_tensor([torch.rand(2, dtype=f64), torch.rand(3, dtype=f64)]),
+            r"'x' is a nested tensor",
+        ),
+        (lambda: torch.quantize_per_tensor(torch.rand(3), 0.1, 0, torch.quint8), r"'x' is a quantized tensor"),
+        (lambda: torch.rand(3, dtype=torch.complex128), r"'x' has dtype torch.complex128, which Warp cannot use"),
+    ],
+    ids=["sparse", "meta", "nested", "quantized", "complex"],
+)
+def test_tensor_kinds_warp_cannot_read_are_refused(make, message):
+    op = wb.op(K.mul64)
+    for _ in range(2):  # the second call must not slip through the cached fast path
+        with pytest.raises(wb.WarpBridgeError, match=message):
+            op(make(), ones())
+
+
+def test_a_sparse_reference_cloud_is_refused():
+    with pytest.raises(wb.WarpBridgeError, match="layout torch.sparse_coo"):
+        wb.ops.knn(torch.rand(4, 3), torch.rand(10, 3).to_sparse(), 2)
+
+
+def test_keyword_arguments_are_refused_by_name():
+    op = wb.op(K.mul64)
+    with pytest.raises(wb.WarpBridgeError, match=r"mul64\(\): takes its inputs by position \(x, y\); got keyword"):
+        op(x=ones(), y=ones())

@@ -59,6 +59,12 @@ class Backend:
         raise NotImplementedError
 
     @staticmethod
+    def unsupported(a: Any) -> str | None:
+        """What makes ``a`` an array Warp cannot read as plain strided memory (a sparse or
+        nested layout, no storage, quantized), in words; None when it can."""
+        return None
+
+    @staticmethod
     def values(a: Any) -> Any:
         """``a``, or an array whose memory holds ``a``'s values where a view's does not (PyTorch's
         negative and conjugate bits), differentiably."""

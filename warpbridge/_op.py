@@ -198,8 +198,10 @@ class WarpOp:
             return any(what in (t.key, getattr(t.func, "__name__", None)) for t in self.trust_adjoint)
         return what in self.trust_adjoint
 
-    def __call__(self, *args: Any, launch_dims: Any = None, output_dims: Any = None) -> Any:
+    def __call__(self, *args: Any, launch_dims: Any = None, output_dims: Any = None, **named: Any) -> Any:
         """Run the op on framework arrays; see :func:`warpbridge.op`."""
+        if named:
+            self._refuse_keywords(named)
         outs = self.call_all(*args, launch_dims=launch_dims, output_dims=output_dims)
         visible = self.sig.visible
         if len(visible) == len(self.sig.outputs):
@@ -215,6 +217,14 @@ class WarpOp:
         if self.generic:
             return self.instance(*args).call_all(*args, launch_dims=launch_dims, output_dims=output_dims)
         return _adapter(self, args).call(self, args, launch_dims, output_dims)
+
+    def _refuse_keywords(self, named: dict) -> None:
+        order = ", ".join(p.name for p in self.sig.inputs)
+        raise fail(
+            self.name,
+            f"takes its inputs by position ({order}); got keyword argument(s) {sorted(named)}. Only launch_dims= "
+            "and output_dims= are keywords",
+        )
 
     def _handle_ids(self, args: tuple) -> tuple:
         """A ``wp.Mesh``, ``wp.HashGrid``, ``wp.Bvh`` or ``wp.Volume`` given for a uint64

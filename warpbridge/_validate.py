@@ -393,6 +393,13 @@ def prepare(op: Any, args: Sequence[Any], launch_dims: Any, output_dims: Any, fw
             raise fail(
                 op.name, f"argument '{p.name}' must be a {fw.array_name} ({p.describe_type()}), got {describe_value(a)}"
             )
+        problem = fw.unsupported(a)
+        if problem:
+            raise fail(
+                op.name,
+                f"argument '{p.name}' is {problem}; warpbridge hands Warp plain strided memory: pass a dense array "
+                "on a real device",
+            )
         a = fw.values(a)  # a view whose memory does not hold its values (a negative or conjugate bit)
         dtype_name, shape, strides, itemsize, dev = fw.meta(a)
         if device is None:

@@ -94,6 +94,18 @@ class _Torch(Backend):
         return a.data_ptr()
 
     @staticmethod
+    def unsupported(a: torch.Tensor) -> str | None:
+        if a.is_nested:
+            return "a nested tensor"
+        if a.layout != torch.strided:
+            return f"a tensor with layout {a.layout}"
+        if a.device.type == "meta":
+            return "a meta tensor (it has no data)"
+        if a.is_quantized:
+            return f"a quantized tensor ({a.dtype})"
+        return None  # complex dtypes: refused by the dtype check, which names the dtype Warp expects
+
+    @staticmethod
     def values(a: torch.Tensor) -> torch.Tensor:
         # torch._neg_view(x), x.conj().imag: the memory holds -x, the tensor means x
         return a.resolve_neg().resolve_conj() if a.is_neg() or a.is_conj() else a
@@ -141,7 +153,7 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
                 key += tuple([args[i] for _, i in op._scalar_packers])
             fast = _fast(op)
             entry = fast.get(key)
-        except (AttributeError, TypeError):
+        except (AttributeError, TypeError, RuntimeError):  # RuntimeError: a sparse tensor has no strides
             key = entry = None
         if entry is not None:
             plan, device = entry
