@@ -99,3 +99,23 @@ def test_bench_charts_every_committed_result(tmp_path):
     written = cli._charts(tmp_path)
     assert sorted(w.name for w in written) == sorted(p.with_suffix(".png").name for p in jsons)
     assert all(w.stat().st_size > 5_000 for w in written)
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "empty"])
+def test_an_unusable_output_folder_is_refused_before_any_work(where, tmp_path, capsys, monkeypatch):
+    started = []
+    monkeypatch.setattr(cli, "demo", lambda args: started.append(args) or 0)
+    (tmp_path / "file").write_text("")
+    out = str(tmp_path / "file" / "demo-out") if where == "under_a_file" else ""
+    assert cli.main(["demo", "--quick", "--out", out]) == 1
+    assert not started  # refused before the demo began
+    assert "error: --out" in capsys.readouterr().err
+
+
+def test_ctrl_c_exits_130(monkeypatch, tmp_path, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "demo", interrupted)
+    assert cli.main(["demo", "--out", str(tmp_path)]) == 130
+    assert "interrupted" in capsys.readouterr().err

@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    problem = _unwritable(args.out) if args.command in ("demo", "bench") else None
+    if problem:  # before any work: a run must not train for a minute and then fail to save
+        print(f"warpbridge {args.command}: error: --out {args.out!r}: {problem}", file=sys.stderr)
+        return 1
     try:
         if args.command == "demo":
             return demo(args)
@@ -70,10 +74,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return doctor()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 1
+        return 130  # the shell's code for SIGINT
     except Exception as e:  # a clear one-line failure, exit code 1
         print(f"warpbridge {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+
+
+def _unwritable(out: str) -> str | None:
+    """Why ``out`` cannot become the output folder, or None. Creates nothing: the nearest
+    existing ancestor must be a folder this process may write into."""
+    if not out.strip():
+        return "an empty path; name a folder"
+    path = Path(out).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
 
 
 def demo(args: argparse.Namespace) -> int:
