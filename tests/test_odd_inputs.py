@@ -144,3 +144,15 @@ def test_keyword_arguments_are_refused_by_name():
     op = wb.op(K.mul64)
     with pytest.raises(wb.WarpBridgeError, match=r"mul64\(\): takes its inputs by position \(x, y\); got keyword"):
         op(x=ones(), y=ones())
+
+
+def test_queries_at_the_centre_of_a_sphere_are_exact():
+    # the kd-tree's inherent worst case: every point (nearly) equidistant from the queries
+    g = torch.Generator().manual_seed(2)
+    d = torch.randn(3000, 3, generator=g, dtype=f64)
+    sphere = d / d.norm(dim=1, keepdim=True)
+    q = 1e-6 * torch.randn(5, 3, generator=g, dtype=f64)
+    dist, idx = wb.ops.knn(q, sphere, 8)
+    want = torch.cdist(q, sphere).topk(8, largest=False)
+    torch.testing.assert_close(dist, want.values)
+    torch.testing.assert_close(torch.cdist(q, sphere).gather(1, idx), want.values)
