@@ -327,3 +327,18 @@ def test_bad_input():
 
 def test_warp_kernel_is_importable_here():
     assert isinstance(axpb, wp.Kernel)
+
+
+def test_a_tensor_hook_on_a_managed_parameter_sees_the_ops_gradient():
+    # as in plain PyTorch: the hook receives the gradient and its result is what accumulates
+    b = torch.nn.Parameter(torch.rand(4, dtype=torch.float64))
+    x = torch.rand(4, dtype=torch.float64)
+    gb = GradBuffer([b])
+    seen = []
+    b.register_hook(lambda g: (seen.append(g.clone()), 3.0 * g)[1])
+    for step in range(1, 3):
+        shift_op(x, 2.0, b).pow(2).sum().backward()
+        want = 2 * (2.0 * x + b.detach())
+        torch.testing.assert_close(seen[-1], want)
+        torch.testing.assert_close(b.grad, 3.0 * want * step)  # accumulated over the two steps
+        assert b.grad.data_ptr() == gb.view(b).data_ptr()  # still in the buffer

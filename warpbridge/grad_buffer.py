@@ -158,6 +158,7 @@ class GradBuffer:
         self._group: Any = None
         self._handles = []
         ref = weakref.ref(self)
+        self._own_hooks: dict[int, int] = {}  # id(p) -> the id of this buffer's tensor hook on p
         with torch.no_grad():
             for p in self.params:
                 v = self._views[id(p)]
@@ -165,7 +166,9 @@ class GradBuffer:
                     v.copy_(p.grad)
                 p.grad = v
                 _register(p, self)
-                self._handles.append(p.register_hook(_make_pre_hook(ref, p)))
+                pre = p.register_hook(_make_pre_hook(ref, p))
+                self._own_hooks[id(p)] = pre.id
+                self._handles.append(pre)
                 self._handles.append(p.register_post_accumulate_grad_hook(_make_post_hook(ref)))
                 if overlap:
                     self._handles.append(p.register_post_accumulate_grad_hook(_make_ready_hook(ref)))
@@ -305,10 +308,14 @@ class GradBuffer:
         """The contiguous buffer view an adjoint may accumulate into for ``p``, or None when
         direct write does not apply (non-contiguous view). Attaches the view first."""
         v = self._views[id(p)]
-        if not v.is_contiguous():
-            return None
+        if not v.is_contiguous() or self._user_hooks(p):
+            return None  # a tensor hook of the user's must receive the gradient, as in plain PyTorch
         self.attach(p)
         return v
+
+    def _user_hooks(self, p: torch.Tensor) -> bool:
+        hooks = getattr(p, "_backward_hooks", None) or {}
+        return any(k != self._own_hooks.get(id(p)) for k in hooks)
 
     def __repr__(self) -> str:
         return (
