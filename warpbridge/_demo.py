@@ -253,7 +253,7 @@ def plot(results: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     variants = list(results["variants"])
-    fig, axes = plt.subplots(2, len(variants), figsize=(5.5 * len(variants), 7.5), squeeze=False)
+    fig, axes = plt.subplots(3, len(variants), figsize=(5.5 * len(variants), 10.5), squeeze=False)
     colors = {"torch": "#888888", "torch.compile": "#ee7733", "warpbridge": "#0077bb", TUTORIAL: "#cc3311"}
     for col, variant in enumerate(variants):
         rows = results["variants"][variant]
@@ -266,12 +266,22 @@ def plot(results: dict, path: str) -> None:
         ax.set_title(f"{variant} aggregation")
         for i, n in enumerate(names):
             ax.annotate(f"{rows[n]['step_ms']:.1f}", (i, rows[n]["step_ms"]), ha="center", va="bottom")
+        # the gradient error is what the loss curves hide: they coincide at a glance even where
+        # a gradient is wrong (the tutorial kernel's)
         ax = axes[1][col]
+        errors = [max(rows[n]["max_grad_error"], 1e-12) for n in names]
+        ax.bar(names, errors, color=[colors[n] for n in names])
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=1e-9, top=30 * max(errors))
+        ax.set_ylabel("largest gradient error vs float64 (log)")
+        for i, n in enumerate(names):
+            ax.annotate(f"{rows[n]['max_grad_error']:.1e}", (i, errors[i]), ha="center", va="bottom")
+        ax = axes[2][col]
         for n in names:
             ax.plot(rows[n]["losses"], label=n, color=colors[n], ls="--" if n == "torch" else "-")
         ax.set_xlabel("Adam step")
         ax.set_ylabel("MSE loss")
-        ax.legend(title="curves coincide when gradients agree", title_fontsize="small")
+        ax.legend(title="loss curves (gradient errors above)", title_fontsize="small")
     meta = results["meta"]
     fig.suptitle(f"warpbridge demo on {meta['device_name']} ({meta['device']}), {meta['date']}")
     fig.tight_layout()
