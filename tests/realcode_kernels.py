@@ -272,4 +272,4 @@ def scalar_sum(
     x: wp.array(dtype=f64), v: wp.vec3i, s: wp.float32, h: wp.float16, b: wp.bfloat16, y: wp.array(dtype=f64)
 ):
     i = wp.tid()
-    y[i] = x[i] + f64(v[0] + v[1] + v[2]) + f64(s) + f64(h) + f64(b)
+    y[i] = x[i] + f64(v[0]) + f64(v[1]) + f64(v[2]) + f64(s) + f64(h) + f64(b)

@@ -158,3 +158,45 @@ def test_knn_and_knn_aggregate_return_the_reference_or_refuse(data, k, sigma):
         else:
             assert torch.isfinite(agg).all() and agg.shape == (len(q), f.shape[1])
     unchanged(before, [q, r, f])
+
+
+SCALARS = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([True, "3", None, (1, 2), 2**31 - 1, -(2**31), 2**31, 3.4028235677973366e38, 65520.0]),
+)
+
+
+@SETTINGS
+@given(v=st.tuples(SCALARS, SCALARS, SCALARS), s=SCALARS, h=SCALARS, b=SCALARS)
+def test_scalars_are_exact_or_refused(v, s, h, b):
+    """Integer components must be ints in int32's range, floats must not round to inf in their
+    type: the kernel then sees exactly those values, else a WarpBridgeError."""
+    import realcode_kernels as R
+
+    op = wb.op(R.scalar_sum)
+    x = torch.zeros(1, dtype=torch.float64)
+    ints_ok = all(isinstance(c, int) and not isinstance(c, bool) and -(2**31) <= c < 2**31 for c in v)
+    limits = {"s": 3.4028235677973366e38, "h": 65520.0, "b": 3.39617752923046e38}
+
+    def float_ok(value, limit):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        try:
+            f = float(value)
+        except OverflowError:
+            return False
+        return not math.isfinite(f) or abs(f) < limit
+
+    valid = ints_ok and all(float_ok(val, limits[k]) for k, val in (("s", s), ("h", h), ("b", b)))
+    try:
+        out = op(x, v, s, h, b)
+    except wb.WarpBridgeError:
+        assert not valid, (v, s, h, b)
+        return
+    assert valid, (v, s, h, b)
+    halves = (
+        torch.tensor([float(h)], dtype=torch.float16).double() + torch.tensor([float(b)], dtype=torch.bfloat16).double()
+    )
+    want = sum(v) + torch.tensor([float(s)], dtype=torch.float32).double() + halves
+    torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-12, atol=0)
