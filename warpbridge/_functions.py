@@ -1,5 +1,5 @@
-"""Launch functions (the ``jax_callable`` convention): run on foreign buffers, and
-differentiated by re-running them under a fresh ``wp.Tape``."""
+"""Launch functions (the ``jax_callable`` convention): run on foreign buffers, taped when a
+gradient may follow, and differentiated through that recording (or a taped re-run)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def run_function(
     :func:`run_recorded_adjoint`.
     """
     sig, dev = plan.sig, plan.device
-    args = _function_args(plan, ins, scalars, outs, None, None, fresh=record)
+    args = _function_args(plan, ins, scalars, outs, fresh=record)
     holder = [KeepingTape(sys._getframe())] if record else [contextlib.nullcontext()]
     with _scoped(dev, stream), first_run(plan, 0):
         originals = args
@@ -143,12 +143,17 @@ def run_recorded_adjoint(
     rec: Recording,
     in_grads: Sequence[int],
     out_grads: Sequence[tuple[int, tuple[int, ...]]],
+    stream: Any = None,
 ) -> None:
     """Back-propagate ``out_grads`` through the forward's own tape, as ``wp.Tape`` does, into
-    the zeroed buffers ``in_grads`` (0: no gradient). Every backward starts from zeroed
-    intermediate gradients, so a retained graph can be back-propagated any number of times."""
+    the zeroed buffers ``in_grads`` (0: no gradient), on ``stream``.
+
+    warpbridge owns this tape: every floating array its launches use gets a gradient, whatever
+    ``requires_grad`` it was made with, so a scratch array cannot cut a gradient path. Every
+    backward starts from zeroed intermediate gradients, so a retained graph can be
+    back-propagated any number of times."""
     sig, plan, tape = op.sig, rec.plan, rec.tape
-    with rec.lock, _scoped(plan.device, None):
+    with rec.lock, _scoped(plan.device, stream):
         ends = _attach_end_gradients(plan, rec.args, in_grads, out_grads)
         owned: list = [[]]
         try:
@@ -232,31 +237,15 @@ def run_function_adjoint(
     out_grads: Sequence[tuple[int, tuple[int, ...]]],
     stream: Any = None,
 ) -> None:
-    """Re-run the function under a fresh ``wp.Tape`` and back-propagate ``out_grads``.
+    """Re-run the function, taped, into the scratch outputs ``outs``, and back-propagate
+    ``out_grads`` through that recording (:func:`run_recorded_adjoint`).
 
-    Recomputing keeps no Warp state between forward and backward, so a retained graph can
-    be back-propagated any number of times. ``outs`` are scratch buffers, ``out_grads`` private
-    copies (the tape may add into them), ``in_grads`` zeroed buffers (0: no gradient).
-
-    warpbridge owns this tape: every floating array its launches use gets a gradient, whatever
-    ``requires_grad`` it was made with, so a scratch array cannot cut a gradient path.
+    Recomputing keeps no Warp state between forward and backward (``recompute=True``, and the
+    paths that cannot keep a recording: ``torch.compile``, ``torch.func``, JAX, Paddle).
     """
-    args = _function_args(plan, ins, scalars, outs, in_grads, out_grads)
-    tape = KeepingTape(sys._getframe())
-    owned: list = []
-    try:
-        with _scoped(plan.device, stream), first_run(plan, 1):
-            with tape:
-                plan.sig.func(*args)
-            check_recorded(op, tape, [args[p.position] for p in plan.sig.array_inputs])
-            owned = own_gradients(tape)
-            tape.backward()
-    finally:
-        for a in owned[1:]:
-            a.grad = None  # an array the function did not make (a global) gets its state back
-        tape.frames.clear()  # the frames refer back to this one
-    del owned
-    # No tape.reset(): it zeroes every gradient it tracked, the ones just computed included.
+    with first_run(plan, 1):
+        recording = run_function(plan, ins, scalars, outs, stream, record=True)
+    run_recorded_adjoint(op, recording, in_grads, out_grads, stream)
 
 
 _WARP_DIR = str(Path(wp.__file__).parent)
@@ -461,16 +450,17 @@ def _floating(dtype: Any) -> bool:
 MAX_VIEWS = 64
 
 
-def _function_args(plan, ins, scalars, outs, in_grads, out_grads, fresh=False):
+def _function_args(plan, ins, scalars, outs, fresh=False):
     sig, dev = plan.sig, plan.device
     args = []
     k = 0
     vals = iter(scalars)
-    # The forward's views (no gradients) are kept per plan, by position and pointer: a plan
-    # fixes every shape, stride and dtype, so a view of the same pointer is the same view, and
-    # making one (~3.5 us) and its launch descriptor cost a small call ~30 us of its ~100.
+    # The forward's views are kept per plan, by position and pointer: a plan fixes every shape,
+    # stride and dtype, so a view of the same pointer is the same view, and making one (~3.5 us)
+    # and its launch descriptor cost a small call ~30 us of its ~100. A recording (``fresh``)
+    # gets views of its own: its backward gives them gradients.
     views = None
-    if in_grads is None and out_grads is None and not fresh:  # a recorded tape keeps its own views
+    if not fresh:
         views = plan.cache.get("views")
         if views is None or len(views) > MAX_VIEWS:
             views = plan.cache["views"] = {}
@@ -481,9 +471,6 @@ def _function_args(plan, ins, scalars, outs, in_grads, out_grads, fresh=False):
         shape, strides = plan.in_layouts[k]
         if views is not None:
             args.append(_kept_view(views, k, p, dev, ins[k], shape, strides))
-        elif in_grads is not None and in_grads[k]:
-            grad = _wrap(p, dev, in_grads[k], shape, plan.in_grad_strides[k])
-            args.append(_with_grad(_wrap(p, dev, ins[k], shape, strides), grad))
         else:
             args.append(_wrap(p, dev, ins[k], shape, strides))
         k += 1
@@ -491,28 +478,9 @@ def _function_args(plan, ins, scalars, outs, in_grads, out_grads, fresh=False):
         shape, strides = plan.out_shapes[j], plan.out_strides[j]
         if views is not None:
             args.append(_kept_view(views, -1 - j, p, dev, outs[j], shape, strides))
-        elif out_grads is not None:
-            gptr, gstrides = out_grads[j]
-            args.append(_with_grad(_wrap(p, dev, outs[j], shape, strides), _wrap(p, dev, gptr, shape, gstrides)))
         else:
             args.append(_wrap(p, dev, outs[j], shape, strides))
     return args
-
-
-def _with_grad(data: Any, grad: Any) -> Any:
-    """``data`` with ``grad`` as its gradient. Warp wants both laid out alike: a size-1 dimension's
-    stride is free (a ``(1,)`` loss's incoming gradient has stride 0); otherwise each side that
-    is not packed is replaced by a packed copy (an input's gradient buffer is always packed, so
-    such an input is read from a copy, an incoming gradient is copied)."""
-    if any(n > 1 and a != b for n, a, b in zip(data.shape, data.strides, grad.strides)):
-        if not grad.is_contiguous:
-            grad = wp.clone(grad)
-        if not data.is_contiguous:
-            data = wp.clone(data, requires_grad=False)
-    if grad.strides != data.strides:
-        grad = wp.array(ptr=grad.ptr, dtype=grad.dtype, shape=grad.shape, strides=data.strides, device=grad.device)
-    data.grad = grad
-    return data
 
 
 def _kept_view(views: dict, position: int, p: Param, device: Any, ptr: int, shape: Any, strides: Any) -> Any:

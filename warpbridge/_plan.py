@@ -204,7 +204,7 @@ class Plan:
         if self.sig.kind == "kernel":
             self.adjoint(in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream)
         elif recording is not None:
-            _functions.run_recorded_adjoint(op, recording, in_grad_ptrs, out_grads)
+            _functions.run_recorded_adjoint(op, recording, in_grad_ptrs, out_grads, stream)
         else:
             _functions.run_function_adjoint(op, self, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream)
 
