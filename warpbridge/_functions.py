@@ -78,11 +78,7 @@ def _mirror(a: Any, zeroed: bool = True) -> Any:
     so that Warp records the copies the function makes of them (``wp.clone(x)``); the backward
     replaces it, and zeroes the gradients those copies copied from it.
     """
-    span = _span(a)
-    make = wp.zeros if zeroed else wp.empty
-    buffer = make(max(span[1] - span[0], 1), dtype=wp.uint8, device=a.device)
-    a.grad = wp.array(ptr=buffer.ptr, dtype=a.dtype, shape=a.shape, strides=a.strides, device=a.device)
-    return buffer
+    return _shared_gradient([a], zeroed)
 
 
 def _copies_of_inputs(plan: _plan.Plan, args: list) -> list:
@@ -105,10 +101,11 @@ def _check_copies(plan: _plan.Plan, originals: list, copies: list) -> None:
 
 
 def _same_bytes(a: Any, b: Any) -> bool:
-    return a.size == 0 or _host_bytes(a) == _host_bytes(b)
+    return a.size == 0 or host_bytes(a) == host_bytes(b)
 
 
-def _host_bytes(a: Any) -> bytes:
+def host_bytes(a: Any) -> bytes:
+    """The bytes of Warp array ``a``'s elements, packed, read on the host."""
     packed = wp.clone(a, device="cpu", requires_grad=False)
     return ctypes.string_at(packed.ptr, packed.size * wp.types.type_size_in_bytes(packed.dtype))
 
@@ -428,13 +425,16 @@ def own_gradients(tape: Any) -> list:
     return [buffers, *arrays]
 
 
-def _shared_gradient(group: list) -> Any:
+def _shared_gradient(group: list, zeroed: bool = True) -> Any:
+    """Give each array of ``group`` (arrays over one stretch of memory) a gradient laid out like
+    it in one buffer mirroring that memory (zeroed, or not); return the buffer."""
     start = min(_span(a)[0] for a in group)
     end = max(_span(a)[1] for a in group)
-    buffer = wp.zeros(end - start, dtype=wp.uint8, device=group[0].device)
+    make = wp.zeros if zeroed else wp.empty
+    buffer = make(max(end - start, 1), dtype=wp.uint8, device=group[0].device)
     for a in group:
         a.grad = wp.array(
-            ptr=buffer.ptr + a.ptr - start, dtype=a.dtype, shape=a.shape, strides=a.strides, device=a.device
+            ptr=buffer.ptr + _span(a)[0] - start, dtype=a.dtype, shape=a.shape, strides=a.strides, device=a.device
         )
     return buffer
 

@@ -315,9 +315,7 @@ class Plan:
         if not math.prod(shape):
             return memoryview(b"").cast("B")
         view = wp.array(ptr=ptr, dtype=p.wp_type.dtype, shape=shape, strides=strides, device=self.device)
-        host = wp.clone(view, device="cpu", requires_grad=False)
-        raw = ctypes.string_at(host.ptr, host.size * itemsize(p))
-        return memoryview(raw).cast(_INT_FORMATS[p.dtype_name])
+        return memoryview(_functions.host_bytes(view)).cast(_INT_FORMATS[p.dtype_name])
 
     def _seed(self, k: int, j: int, in_ptr: int, out_ptr: int, stream: Any) -> None:
         """Copy array input ``k`` into output ``j`` (Warp views over both buffers)."""
