@@ -268,12 +268,7 @@ def _output_names(
 
 
 def _mark_aux(name: str, outputs: tuple[Param, ...], aux: Any) -> tuple[Param, ...]:
-    if isinstance(aux, str):
-        aux = (aux,)
-    try:
-        aux = tuple(aux)
-    except TypeError:
-        raise WarpBridgeError(f"{name}(): aux must be a sequence of output names, got {aux!r}") from None
+    aux = _names(name, "aux", aux)
     names = [p.name for p in outputs]
     unknown = [a for a in aux if a not in names]
     if unknown:
