@@ -2,7 +2,7 @@
 
 import warp as wp
 
-from warpbridge._tutorial import tutorial_radius_aggregate  # noqa: F401 - re-exported for the scripts
+from warpbridge._cli.tutorial import tutorial_radius_aggregate  # noqa: F401 - re-exported for the scripts
 
 
 @wp.kernel

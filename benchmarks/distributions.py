@@ -52,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import warpbridge as wb  # noqa: E402
-from warpbridge._measure import median_ms, peak_mib  # noqa: E402
+from warpbridge._cli.measure import median_ms, peak_mib  # noqa: E402
 
 K = 7
 F = 16

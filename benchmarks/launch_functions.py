@@ -38,7 +38,7 @@ from warp.examples.core import example_sph as sph
 from warp.examples.optim import example_diffray as diffray
 
 import warpbridge as wb
-from warpbridge._measure import peak_mib
+from warpbridge._cli.measure import peak_mib
 
 STEPS = 1000
 N = 10_000

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _kernels import scaled_softplus  # noqa: E402
 
 import warpbridge as wb  # noqa: E402
-from warpbridge._measure import median_ms  # noqa: E402
+from warpbridge._cli.measure import median_ms  # noqa: E402
 
 
 class Counting:
@@ -99,7 +99,7 @@ def measure(step, params, dev, pool, repeat):
                 counter = Counting(d.get_allocator())
                 scope = wp.ScopedAllocator(d, counter)
             else:
-                from warpbridge._torch._pool import allocator
+                from warpbridge._backends.torch.pool import allocator
 
                 counter = allocator(torch.device("cuda"))
                 scope = None

@@ -36,8 +36,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import warpbridge as wb  # noqa: E402
-from warpbridge import _tutorial  # noqa: E402
-from warpbridge._measure import median_ms, peak_mib  # noqa: E402
+from warpbridge._cli import tutorial as _tutorial  # noqa: E402
+from warpbridge._cli.measure import median_ms, peak_mib  # noqa: E402
 
 # -- the dense formulas the tutorial starts from ----------------------------------------------
 
@@ -261,7 +261,7 @@ def main(argv=None):
         p.error("--device cuda: no CUDA device here")
     torch.manual_seed(0)
     wb.op  # noqa: B018  (import side effects: Warp initialised by warpbridge)
-    from warpbridge._plan import ensure_init
+    from warpbridge._core.warp_runtime import ensure_init
 
     ensure_init()
 

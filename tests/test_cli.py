@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from warpbridge import cli
+from warpbridge._cli import main as cli
 
 
 def run(*args, timeout=300):

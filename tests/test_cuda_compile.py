@@ -9,7 +9,7 @@ import re
 import pytest
 import warp as wp
 
-from warpbridge._signature import bind_generic
+from warpbridge._core.signature import bind_generic
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -36,7 +36,7 @@ MODULES = {
     "examples/custom_backward": lambda: _load("examples/custom_backward.py", "custom_backward"),
     "examples/rosenbrock": lambda: _load("examples/rosenbrock.py", "rosenbrock"),
     "benchmarks/_kernels": lambda: _load("benchmarks/_kernels.py", "_kernels"),
-    "warpbridge/_tutorial": lambda: _load("warpbridge/_tutorial.py", "warpbridge._tutorial"),
+    "warpbridge/_cli/tutorial": lambda: _load("warpbridge/_cli/tutorial.py", "warpbridge._cli.tutorial"),
 }
 
 

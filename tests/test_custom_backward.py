@@ -90,7 +90,7 @@ def test_several_inputs_integer_arrays_scalars_and_outputs():
 
 
 def test_generic_launch_path(monkeypatch):
-    from warpbridge import _plan
+    from warpbridge._core import plan as _plan
 
     monkeypatch.setattr(_plan, "DIRECT_CPU", False)
     check_op(power_op(name="power_generic"), xs(), 3, opcheck=False)
@@ -323,7 +323,7 @@ def _affine(scale, shift):
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct CPU call", "wp.launch (the CUDA path)"])
 def test_a_struct_argument_reaches_the_kernel_and_its_adjoint(direct, monkeypatch):
-    from warpbridge import _plan
+    from warpbridge._core import plan as _plan
 
     monkeypatch.setattr(_plan, "DIRECT_CPU", direct)
     op = wb.op(B.affine)
@@ -348,7 +348,7 @@ def test_struct_arguments_are_checked_and_stay_out_of_torch_compile():
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct CPU call", "wp.launch (the CUDA path)"])
 def test_an_indexedarray_input_takes_values_and_indices_with_their_gradient(direct, monkeypatch):
-    from warpbridge import _plan
+    from warpbridge._core import plan as _plan
 
     monkeypatch.setattr(_plan, "DIRECT_CPU", direct)
     with pytest.raises(

@@ -158,7 +158,7 @@ def test_outputs_the_adjoint_reads_get_the_forward_values(kernel, nout):
 
 
 def test_generic_launch_path_also_checks(monkeypatch):
-    from warpbridge import _plan
+    from warpbridge._core import plan as _plan
 
     monkeypatch.setattr(_plan, "DIRECT_CPU", False)
     op = wb.op(A.store_then_read, num_outputs=2)

@@ -14,6 +14,7 @@ import torch
 import warp as wp
 
 import warpbridge as wb
+from warpbridge._backends.torch import registered_op
 
 HERE = os.path.dirname(__file__)
 
@@ -22,11 +23,11 @@ def test_same_kernel_and_options_give_the_same_op_and_no_new_registration():
     a = wb.op(K.mul64)
     assert wb.op(K.mul64) is a
     assert wb.op(K.mul64, launch_dims=(3,)) is not a
-    before = len(wb._torch._library._REGISTERED)
+    before = len(registered_op._REGISTERED)
     x = torch.ones(4, dtype=torch.float64)
     for _ in range(300):  # an op made inside forward, every step
         wb.op(K.mul64)(x, x)
-    assert len(wb._torch._library._REGISTERED) == before
+    assert len(registered_op._REGISTERED) == before
 
 
 def test_registered_name_comes_from_module_qualname_and_source():

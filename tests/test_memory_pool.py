@@ -87,7 +87,7 @@ def test_function_scratch_goes_through_torch_and_back_to_its_cache():
     torch.cuda.synchronize()
     before = torch.cuda.memory_stats()["allocation.all.allocated"]
     with wb.set_memory_pool("torch"):
-        from warpbridge._torch._pool import allocator
+        from warpbridge._backends.torch.pool import allocator
 
         alloc = allocator(torch.device("cuda"))
         n0 = alloc.allocations

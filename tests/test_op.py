@@ -116,7 +116,7 @@ def test_a_launch_function_gets_views_of_each_calls_own_buffers():
     """The forward's array views are kept per plan by position and pointer
     (``_functions._function_args``): every call still reads its own inputs and writes its own
     outputs, and the kept views stay bounded."""
-    from warpbridge import _functions
+    from warpbridge._core import launch_function as _functions
 
     op = wb.op(K.exp_times)
     k = torch.randn(6, dtype=f64)
@@ -315,7 +315,7 @@ def test_rosenbrock_optimisation_follows_pure_pytorch():
 
 @pytest.fixture(params=["direct", "wp.launch"])
 def launch_path(request, monkeypatch):
-    from warpbridge import _plan
+    from warpbridge._core import plan as _plan
 
     monkeypatch.setattr(_plan, "DIRECT_CPU", request.param == "direct")
     return request.param
@@ -336,7 +336,7 @@ def test_both_launch_paths_give_the_same_values_and_gradients(launch_path):
 
 
 def test_plan_caches_stay_bounded_when_shapes_keep_changing():
-    from warpbridge import _op
+    from warpbridge._core import op as _op
 
     op = wb.op(K.mul64)
     for n in range(1, _op.MAX_CACHED + 40):

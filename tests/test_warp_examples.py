@@ -21,7 +21,7 @@ from warp.examples.optim import example_diffray as diffray
 from warp.examples.optim import example_particle_repulsion as repulsion
 
 import warpbridge as wb
-from warpbridge import _adjoint
+from warpbridge._core import adjoint_check as _adjoint
 
 H = 0.3  # smoothing length
 NORM = 2.5  # density normalisation

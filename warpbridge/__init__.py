@@ -6,11 +6,11 @@ loaded when an argument of their framework arrives.
 
 from . import ops as ops
 from . import testing as testing
-from ._errors import WarpBridgeError as WarpBridgeError
-from ._op import WarpOp as WarpOp
-from ._op import op as op
-from ._pool import get_memory_pool as get_memory_pool
-from ._pool import set_memory_pool as set_memory_pool
+from ._backends.memory_pool import get_memory_pool as get_memory_pool
+from ._backends.memory_pool import set_memory_pool as set_memory_pool
+from ._core.errors import WarpBridgeError as WarpBridgeError
+from ._core.op import WarpOp as WarpOp
+from ._core.op import op as op
 
 __version__ = "0.1.0"
 
@@ -35,7 +35,7 @@ def __getattr__(name: str):
 
         return GradBuffer
     if name == "TorchAllocator":
-        from ._torch._pool import TorchAllocator
+        from ._backends.torch.pool import TorchAllocator
 
         return TorchAllocator
     raise AttributeError(f"module 'warpbridge' has no attribute {name!r}")

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ._errors import WarpBridgeError, describe
+from ._core.errors import WarpBridgeError, describe
 
 ALIGN_BYTES = 256
 # id(parameter) -> (weakref to it, weakref to its GradBuffer). Keyed by id: a tensor's

@@ -52,7 +52,7 @@ def check_op(
     """
     import torch
 
-    from ._op import WarpOp
+    from ._core.op import WarpOp
 
     if not isinstance(op, WarpOp):
         raise TypeError(f"check_op(): expected a warpbridge op, got {type(op).__name__}")
@@ -166,6 +166,6 @@ def check_op(
     untouched("by repeated backwards")
     # 4. torch.library.opcheck on the registered op
     if opcheck:
-        from ._torch import _library
+        from ._backends.torch import registered_op as _library
 
         torch.library.opcheck(op.torch_op, _library.schema_args(op, tuple(args), launch_dims, output_dims))

@@ -26,27 +26,19 @@ import struct
 import sys
 from typing import Any
 
-from .. import _op
-from .._errors import describe, fail
-from .._frameworks import for_arrays
-from . import _run
-from ._core import get_num_threads as get_num_threads
-from ._core import set_num_threads as set_num_threads
+from .._core import op as _op
+from .._core.errors import describe, fail
+from . import _declared as _run
+from ._launch import get_num_threads as get_num_threads
+from ._launch import set_num_threads as set_num_threads
 
 __all__ = ["get_num_threads", "knn", "knn_aggregate", "radius_aggregate", "set_num_threads"]
 
-_ADAPTERS: dict[type, Any] = {}  # array type -> backend; a dict lookup torch.compile can trace
 _WANT = {"query": "(M, 3) points", "ref": "(N, 3) points", "features": "(N, F) features"}
 
 
 def _adapter(op: str, arrays: dict[str, Any]) -> Any:
-    mods = {_ADAPTERS.get(type(a)) for a in arrays.values()}
-    if len(mods) == 1 and None not in mods:
-        return mods.pop()
-    mod = for_arrays(op, [(name, a, _WANT[name]) for name, a in arrays.items()])
-    for a in arrays.values():
-        _ADAPTERS[type(a)] = mod
-    return mod
+    return _op.backend_of(op, [(name, a, _WANT[name]) for name, a in arrays.items()])
 
 
 def _check_clouds(op: str, adapter: Any, arrays: dict[str, Any]) -> str:
@@ -229,10 +221,3 @@ def knn_aggregate(query: Any, ref: Any, features: Any, k: int, sigma: float) -> 
     args, ops, half = _widen(op, a, arrays, dtype)
     out = ops.knn_aggregate(*args, k, sigma)
     return a.cast(out, half) if half else out
-
-
-if "torch" in sys.modules:
-    # torch.compile cannot trace the making of an op (it registers a custom op): with torch
-    # loaded, make them now, so that a first call inside a compiled region finds them.
-    _ops("float32")
-    _ops("float64")

@@ -15,8 +15,9 @@ from typing import Any
 
 import warp as wp
 
-from ._signature import _SCALAR_NAMES, struct_array_name
-from ._validate import WARP_TYPES, contiguous_strides
+from .signature import _SCALAR_NAMES, struct_array_name
+from .validate import WARP_TYPES, contiguous_strides
+from .warp_runtime import is_struct
 
 
 class Backend:
@@ -105,6 +106,11 @@ class Backend:
     def on_backward_attached(self, op: Any) -> None:
         """A custom backward is about to be attached: refuse, or drop what captured the old one."""
 
+    def openmp_library(self) -> str | None:
+        """The path of the OpenMP runtime this framework runs its CPU ops on, if the neighbour
+        ops' CPU threads should join its thread team (None: they use their own threads)."""
+        return None
+
     def op_attribute(self, op: Any, name: str) -> Any:
         """An attribute this backend gives every op (``_frameworks.OP_ATTRIBUTES``)."""
         raise AttributeError(f"'WarpOp' object has no attribute '{name}'")
@@ -132,7 +138,7 @@ class WarpArrays(Backend):
 
     def meta(self, a: wp.array) -> tuple:
         # A vector/matrix dtype is seen as trailing dims of its scalar, as frameworks hold them.
-        if isinstance(a.dtype, wp._src.codegen.Struct):  # an array of structs: one element per struct
+        if is_struct(a.dtype):  # an array of structs: one element per struct
             size = ctypes.sizeof(a.dtype.ctype)
             strides = tuple(s // size for s in a.strides)
             return struct_array_name(a.dtype), tuple(a.shape), strides, size, a.device.alias

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from .._op import op as _declare
-from . import _core, _kernels
+from .._core.op import op as _declare
+from . import _kernels
+from . import _launch as _core
 
 STATS = 3  # per query: weight sum, nearest distance, neighbour count
 # The CPU radius backward runs in one pass while the threads' extra copies of the

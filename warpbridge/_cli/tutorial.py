@@ -7,7 +7,7 @@ backends to show what that recipe gets wrong; the benchmarks time its forward.
 import torch
 import warp as wp
 
-from ._plan import ensure_init
+from .._core.warp_runtime import ensure_init
 
 
 @wp.kernel

@@ -7,16 +7,18 @@ import contextlib
 import ctypes
 import sys
 import threading
-import types
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import warp as wp
 
-from . import _adjoint, _plan
-from ._errors import WarpBridgeError, fail
-from ._signature import Param
+from . import adjoint_check as _adjoint
+from .errors import WarpBridgeError, fail
+from .signature import Param
+from .warp_runtime import LOAD_LOCK, KeepingTape, RecordedLaunch, recorded_kernels, tape_launches
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 
 def _wrap(p: Param, device: Any, ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
@@ -31,7 +33,7 @@ def _scoped(device: Any, stream: Any):
 
 
 def run_function(
-    plan: _plan.Plan,
+    plan: Plan,
     ins: Sequence[int],
     scalars: Sequence[Any],
     outs: Sequence[int],
@@ -64,7 +66,7 @@ def run_function(
     return Recording(plan, holder.pop(), args, placeholders) if record else None
 
 
-def _floating_ends(plan: _plan.Plan, args: list) -> list:
+def _floating_ends(plan: Plan, args: list) -> list:
     """The floating array inputs and outputs a function is called with."""
     sig = plan.sig
     ends = [args[p.position] for p in sig.array_inputs if p.differentiable]
@@ -81,7 +83,7 @@ def _mirror(a: Any, zeroed: bool = True) -> Any:
     return _shared_gradient([a], zeroed)
 
 
-def _copies_of_inputs(plan: _plan.Plan, args: list) -> list:
+def _copies_of_inputs(plan: Plan, args: list) -> list:
     copies = list(args)
     made: dict = {}  # one copy per view: inputs passed twice (a self-join) stay one array
     for p in plan.sig.array_inputs:
@@ -93,7 +95,7 @@ def _copies_of_inputs(plan: _plan.Plan, args: list) -> list:
     return copies
 
 
-def _check_copies(plan: _plan.Plan, originals: list, copies: list) -> None:
+def _check_copies(plan: Plan, originals: list, copies: list) -> None:
     sig = plan.sig
     written = [p.name for p in sig.array_inputs if not _same_bytes(originals[p.position], copies[p.position])]
     if written:
@@ -125,7 +127,7 @@ class Recording:
     """A launch function's taped forward, kept for its backward: the tape (with the frames
     that keep the function's objects alive) and the arrays it was called with."""
 
-    def __init__(self, plan: _plan.Plan, tape: KeepingTape, args: list, placeholders: list):
+    def __init__(self, plan: Plan, tape: KeepingTape, args: list, placeholders: list):
         self.plan = plan
         self.tape = tape
         self.args = args
@@ -174,7 +176,7 @@ def run_recorded_adjoint(
             tape.gradients = {}  # no reference to this backward's buffers survives it
 
 
-def _attach_end_gradients(plan: _plan.Plan, args: list, in_grads: Sequence[int], out_grads: Sequence) -> list:
+def _attach_end_gradients(plan: Plan, args: list, in_grads: Sequence[int], out_grads: Sequence) -> list:
     """Give the recorded inputs and outputs this backward's gradient buffers: (array, buffer to
     copy the gradient into afterwards, or None)."""
     sig, dev = plan.sig, plan.device
@@ -217,16 +219,15 @@ def _zero_copied_gradients(tape: Any, ends: set[int]) -> None:
 
 def _zero_intermediate_gradients(tape: Any, ends: set[int]) -> None:
     """Zero what an earlier backward left in the gradients of the tape's other arrays."""
-    for launch in tape.launches:
-        if isinstance(launch, (list, tuple)):
-            for a in list(launch[3]) + list(launch[4]):
-                if isinstance(a, wp.array) and a.grad is not None and id(a) not in ends:
-                    a.grad.zero_()
+    for launch in tape_launches(tape):
+        for _, a in launch.args:
+            if isinstance(a, wp.array) and a.grad is not None and id(a) not in ends:
+                a.grad.zero_()
 
 
 def run_function_adjoint(
     op: Any,
-    plan: _plan.Plan,
+    plan: Plan,
     ins: Sequence[int],
     scalars: Sequence[Any],
     outs: Sequence[int],
@@ -245,55 +246,6 @@ def run_function_adjoint(
     run_recorded_adjoint(op, recording, in_grads, out_grads, stream)
 
 
-_WARP_DIR = str(Path(wp.__file__).parent)
-
-
-class KeepingTape(wp.Tape):
-    """A ``wp.Tape`` that keeps alive the frames that launched what it recorded.
-
-    The tape's launches refer to objects the function made (a ``wp.HashGrid``, a ``wp.Mesh``,
-    scratch arrays) only through ids and pointers; they must outlive ``tape.backward()``, which
-    runs after the function has returned. A frame kept past its return keeps its locals.
-    Frames from the launch up to (not including) ``stop`` are kept: helpers' too.
-    """
-
-    def __init__(self, stop: Any):
-        super().__init__()
-        self.frames: list = []
-        self.kept: list[dict] = []  # the frames' locals, once settled
-        self._seen: set[int] = set()
-        self._stop = stop
-
-    def record_launch(self, *args: Any, **kwargs: Any) -> None:
-        self._keep_frames()
-        super().record_launch(*args, **kwargs)
-
-    def record_func(self, *args: Any, **kwargs: Any) -> None:
-        self._keep_frames()
-        super().record_func(*args, **kwargs)
-
-    def _keep_frames(self) -> None:
-        frame = sys._getframe(2)
-        while frame is not None and frame is not self._stop:
-            if id(frame) not in self._seen:
-                self._seen.add(id(frame))
-                self.frames.append(frame)
-            frame = frame.f_back
-
-    def settle(self) -> None:
-        """Once the function has returned: keep its frames' locals, not the frames, which refer
-        to their callers' frames (and through them to whoever holds this tape)."""
-        for f in self.frames:
-            if not f.f_code.co_filename.startswith(_WARP_DIR):  # Warp's own frames hold frames
-                self.kept.append({k: v for k, v in f.f_locals.items() if not isinstance(v, types.FrameType)})
-        self.frames.clear()
-        self._stop = None
-
-    def kept_objects(self) -> list:
-        """The objects the kept frames' locals hold."""
-        return [v for f in self.frames for v in f.f_locals.values()] + [v for d in self.kept for v in d.values()]
-
-
 @contextlib.contextmanager
 def first_run(plan: Any, which: int):
     """Hold the load lock while a launch function runs for the first time: its kernels'
@@ -301,27 +253,15 @@ def first_run(plan: Any, which: int):
     if plan.warm[which]:
         yield
         return
-    with _plan.LOAD_LOCK:
+    with LOAD_LOCK:
         yield
         plan.warm[which] = True
-
-
-def recorded_kernels(tape: Any) -> list:
-    """The kernels a ``wp.Tape`` recorded, in launch order."""
-    found = []
-    for entry in tape.launches:
-        k = getattr(entry, "kernel", None)
-        if k is None and isinstance(entry, (list, tuple)) and entry and isinstance(entry[0], wp.Kernel):
-            k = entry[0]
-        if isinstance(k, wp.Kernel) and k not in found:
-            found.append(k)
-    return found
 
 
 def check_recorded(op: Any, tape: KeepingTape, inputs: Sequence[Any]) -> None:
     """Rule 7 for launch functions, before the tape's backward: no kernel with a hazard (unless
     trusted), no write into an input, no mesh or BVH built over differentiable points."""
-    launches = [e for e in tape.launches if isinstance(e, (list, tuple))]
+    launches = tape_launches(tape)
     for k in recorded_kernels(tape):
         if not k.options.get("enable_backward", k.module.options.get("enable_backward", True)):
             raise fail(op.name, f"cannot differentiate: kernel '{k.key}' was compiled with enable_backward=False")
@@ -335,35 +275,29 @@ def check_recorded(op: Any, tape: KeepingTape, inputs: Sequence[Any]) -> None:
         raise WarpBridgeError(_adjoint.refusal(op.name, found))
 
 
-def _launch_arrays(launch: Sequence[Any]) -> list[tuple[str, Any]]:
-    """(parameter name, argument) of one recorded launch."""
-    kernel = launch[0]
-    return list(zip((a.label for a in kernel.adj.args), list(launch[3]) + list(launch[4])))
-
-
-def _check_input_writes(op: Any, launches: list, inputs: Sequence[Any]) -> None:
+def _check_input_writes(op: Any, launches: list[RecordedLaunch], inputs: Sequence[Any]) -> None:
     spans = [(p.name, _span(a)) for p, a in zip(op.sig.array_inputs, inputs)]
     for launch in launches:
-        writes = _adjoint.kernel_accesses(launch[0]).writes
-        for label, a in _launch_arrays(launch):
+        writes = _adjoint.kernel_accesses(launch.kernel).writes
+        for label, a in launch.args:
             if label not in writes or not isinstance(a, wp.array):
                 continue
             hit = [name for name, span in spans if _overlap(span, _span(a))]
             if hit:
-                raise _input_written(op.name, op.sig.func, hit, launch[0].key)
+                raise _input_written(op.name, op.sig.func, hit, launch.kernel.key)
 
 
-def _check_geometry(op: Any, tape: KeepingTape, launches: list, inputs: Sequence[Any]) -> None:
+def _check_geometry(op: Any, tape: KeepingTape, launches: list[RecordedLaunch], inputs: Sequence[Any]) -> None:
     """Warp's adjoint never reaches a mesh's or BVH's points: refuse one built over points that
     depend on an input receiving a gradient."""
-    used = {v for launch in launches for v in launch[3] if isinstance(v, int)}
+    used = {v for launch in launches for _, v in launch.args if isinstance(v, int)}
     queried = [obj for obj in tape.kept_objects() if _geometry_points(obj) and obj.id in used]
     if not queried:
         return
     tainted = [_span(a) for a in inputs if a.grad is not None]
     for launch in launches:  # what depends on those inputs, launch by launch
-        acc = _adjoint.kernel_accesses(launch[0])
-        arrays = [(label, a) for label, a in _launch_arrays(launch) if isinstance(a, wp.array)]
+        acc = _adjoint.kernel_accesses(launch.kernel)
+        arrays = [(label, a) for label, a in launch.args if isinstance(a, wp.array)]
         read = [_span(a) for label, a in arrays if label in acc.reads | acc.unknown]
         if any(_overlap(r, t) for r in read for t in tainted):
             tainted += [_span(a) for label, a in arrays if label in acc.writes]
@@ -406,10 +340,8 @@ def own_gradients(tape: Any) -> list:
     others. Returns the buffers first, then the arrays given a gradient.
     """
     bare: dict[int, Any] = {}
-    for launch in tape.launches:
-        if not isinstance(launch, (list, tuple)):
-            continue
-        for a in list(launch[3]) + list(launch[4]):
+    for launch in tape_launches(tape):
+        for _, a in launch.args:
             if isinstance(a, wp.array) and a.grad is None and a.size and _floating(a.dtype):
                 bare.setdefault(id(a), a)
     arrays = sorted(bare.values(), key=lambda a: _span(a)[0])

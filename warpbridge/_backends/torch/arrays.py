@@ -10,10 +10,14 @@ from typing import Any, NamedTuple
 import torch
 import warp as wp
 
-from .. import _errors, _gradients, _op, _plan, _validate
-from .._backend import Backend
-from .._op import WarpOp
-from . import _pool
+from ..._core import errors as _errors
+from ..._core import gradients as _gradients
+from ..._core import op as _op
+from ..._core import plan as _plan
+from ..._core import validate as _validate
+from ..._core.backend import Backend
+from ..._core.op import WarpOp
+from . import pool as _pool
 
 DTYPE_NAMES = {
     torch.float16: "float16",

@@ -11,12 +11,12 @@ import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._errors import describe as describe_value
-from ._errors import fail
-from ._signature import _SCALAR_NAMES, GENERIC, STRUCT, Param, Signature
+from .errors import describe as describe_value
+from .errors import fail
+from .signature import _SCALAR_NAMES, GENERIC, STRUCT, Param, Signature
 
 if TYPE_CHECKING:
-    from ._plan import Plan
+    from .plan import Plan
 
 _ITEMSIZE = {
     "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,

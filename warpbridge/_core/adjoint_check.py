@@ -23,12 +23,13 @@ Two facts are read once per kernel:
 from __future__ import annotations
 
 import ast
-import contextlib
 import inspect
 import threading
 from typing import Any, NamedTuple
 
 import warp as wp
+
+from .warp_runtime import INT_TYPES, build_code, is_user_function
 
 _ATOMIC_WRITES = frozenset(
     {"atomic_add", "atomic_sub", "atomic_min", "atomic_max", "atomic_cas", "atomic_exch", "atomic_and",
@@ -80,7 +81,7 @@ def _scope(pyfunc: Any) -> tuple[dict, dict]:
 
 def _user_function(obj: Any) -> Any:
     """A user ``@wp.func`` (with source we can read), else None."""
-    if not isinstance(obj, wp._src.context.Function) or obj.is_builtin() or obj.func is None:
+    if not is_user_function(obj):
         return None
     return obj if getattr(getattr(obj, "adj", None), "tree", None) is not None else None
 
@@ -352,60 +353,6 @@ def _in_loop(parents: dict, node: ast.AST) -> bool:
 
 # -- dynamic loops, as Warp's code generator sees them ----------------------------------------
 
-_RECORD = threading.local()
-
-
-def _patched_visitors(Adjoint: Any):
-    loop_stack: list = []
-
-    def wrap_loop(emit):
-        def visit(adj, node):
-            loop_stack.append(node)
-            try:
-                return emit(adj, node)
-            finally:
-                loop_stack.pop()
-
-        return visit
-
-    original = Adjoint.materialize_redefinitions
-
-    def materialize(adj, symbols):
-        found = getattr(_RECORD, "found", None)
-        if found is not None and not adj.custom_reverse_mode and loop_stack:
-            loop = loop_stack[-1]
-            for sym, var1 in symbols.items():
-                var2 = adj.symbols.get(sym)
-                if var2 is None or var1 == var2:
-                    continue
-                if adj.is_constant_iter_symbol(sym) and var1.constant is not None:
-                    continue
-                found.append((adj, loop, sym, var1.type))
-        return original(adj, symbols)
-
-    return wrap_loop, materialize, original
-
-
-@contextlib.contextmanager
-def _recording():
-    """Record Warp's "mutated variable in a dynamic loop" findings while code is generated."""
-    codegen = wp._src.codegen
-    Adjoint = codegen.Adjoint
-    with codegen._codegen_lock:
-        wrap_loop, materialize, original = _patched_visitors(Adjoint)
-        visitors = Adjoint.node_visitors
-        saved = {t: visitors[t] for t in (ast.For, ast.While)}
-        for t, emit in saved.items():
-            visitors[t] = wrap_loop(emit)
-        Adjoint.materialize_redefinitions = materialize
-        _RECORD.found = []
-        try:
-            yield _RECORD.found
-        finally:
-            _RECORD.found = None
-            Adjoint.materialize_redefinitions = original
-            visitors.update(saved)
-
 
 def _only_summed(tree: ast.AST, name: str, inert: frozenset[str] = frozenset()) -> bool:
     """Whether every read of the local ``name`` is an additive term (constant or ``inert``
@@ -465,19 +412,10 @@ def loop_hazards(kernel: Any) -> tuple[Hazard, ...]:
     with _CACHE_LOCK:
         if key in _CACHE:
             return _CACHE[key]
-    context = wp._src.context
     module = kernel.module
     try:
         options = module.resolve_options(wp.config, block_dim=module.options.get("block_dim"))
-        options = options | {"output_arch": None, "enable_backward": True}
-        from ._plan import LOAD_LOCK
-
-        with LOAD_LOCK, _recording() as found:
-            builder = context.ModuleBuilder(context.Module("warpbridge_adjoint_check", None), options)
-            builder.build_kernel(kernel)
-            for f in builder.deferred_functions:
-                builder.build_function(f)
-            found = list(found)
+        found = build_code(kernel, options | {"output_arch": None, "enable_backward": True})
     except Exception:
         found = []  # the kernel does not generate: its launch reports Warp's own error
     reachable = {id(kernel.adj)}
@@ -487,7 +425,7 @@ def loop_hazards(kernel: Any) -> tuple[Hazard, ...]:
     for adj, loop, sym, vtype in found:
         if id(adj) not in reachable:
             continue
-        is_int = vtype in wp._src.types.int_types or vtype in (wp.bool, int, bool)
+        is_int = vtype in INT_TYPES or vtype in (wp.bool, int, bool)
         if is_int and isinstance(loop, ast.While) and not _used_outside(adj.tree, loop, sym):
             continue  # a while-loop counter: the reverse loop replays it in order
         if not is_int and _only_summed(adj.tree, sym, inert_names(adj)):

@@ -8,15 +8,15 @@ import importlib
 import sys
 from typing import Any
 
-from ._errors import describe, fail
+from .._core.errors import describe, fail
 
 # Adapter module by the top-level module of the array types it serves.
 ADAPTERS = {
-    "torch": "warpbridge._torch",
-    "numpy": "warpbridge._numpy",
-    "jax": "warpbridge._jax",
-    "paddle": "warpbridge._paddle",
-    "dlpack": "warpbridge._dlpack",  # any other producer of DLPack / __cuda_array_interface__ arrays
+    "torch": "warpbridge._backends.torch",
+    "numpy": "warpbridge._backends.numpy",
+    "jax": "warpbridge._backends.jax",
+    "paddle": "warpbridge._backends.paddle",
+    "dlpack": "warpbridge._backends.dlpack",  # any other producer of DLPack / __cuda_array_interface__ arrays
 }
 # Top-level modules whose array types another adapter serves: concrete JAX arrays live in
 # jaxlib, tracers in jax.
@@ -46,15 +46,15 @@ def _import(name: str) -> Any:
     """An adapter module, by import statements: a first call inside ``torch.compile`` runs
     them (Dynamo executes an import; it cannot trace ``importlib``)."""
     if name == "torch":
-        from . import _torch as adapter
+        from . import torch as adapter
     elif name == "numpy":
-        from . import _numpy as adapter
+        from . import numpy as adapter
     elif name == "jax":
-        from . import _jax as adapter
+        from . import jax as adapter
     elif name == "paddle":
-        from . import _paddle as adapter
+        from . import paddle as adapter
     elif name == "dlpack":
-        from . import _dlpack as adapter
+        from . import dlpack as adapter
     else:
         adapter = importlib.import_module(ADAPTERS[name])
     return adapter

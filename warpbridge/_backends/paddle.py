@@ -15,9 +15,10 @@ import paddle
 import warp as wp
 from paddle.autograd import PyLayer
 
-from . import _gradients, _validate
-from ._backend import Backend
-from ._errors import fail
+from .._core import gradients as _gradients
+from .._core import validate as _validate
+from .._core.backend import Backend
+from .._core.errors import fail
 
 DTYPE_NAMES = {
     paddle.float16: "float16",

@@ -16,8 +16,9 @@ from typing import Any
 
 import warp as wp
 
-from . import _adjoint
-from ._errors import WarpBridgeError
+from . import adjoint_check as _adjoint
+from .errors import WarpBridgeError
+from .warp_runtime import is_struct
 
 # Warp scalar types by the framework-neutral names that adapters map to their dtypes.
 _SCALAR_NAMES: dict[Any, str] = {
@@ -330,7 +331,7 @@ def _element_info(op: str, label: str, dtype: Any) -> tuple[str, tuple[int, ...]
         return _SCALAR_NAMES[dtype], ()
     if dtype is Any:
         return GENERIC, ()
-    if isinstance(dtype, wp._src.codegen.Struct):
+    if is_struct(dtype):
         return STRUCT, ()
     t = wp.types
     if (

@@ -13,10 +13,12 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from .. import _op
-from .. import grad_buffer as _grad_buffer
-from .._errors import fail
-from . import _core, _func, _library
+from ... import grad_buffer as _grad_buffer
+from ..._core import op as _op
+from ..._core.errors import fail
+from . import arrays as _core
+from . import func as _func
+from . import registered_op as _library
 
 
 def info(a: torch.Tensor) -> tuple[str, tuple[int, ...], str]:
@@ -81,7 +83,7 @@ _outside_graph = torch.compiler.disable(_eager, reason="warpbridge: an op with a
 
 
 def _library_call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
-    from . import _library
+    from . import registered_op as _library
 
     return _library.call(op, args, launch_dims, output_dims)
 
@@ -169,6 +171,17 @@ class TorchBackend(_core._Torch):
     info = staticmethod(info)
     cast = staticmethod(cast)
     take = staticmethod(take)
+
+    def openmp_library(self) -> str | None:
+        """PyTorch's GNU OpenMP runtime (its own libgomp copy where it ships one): the team its
+        CPU ops spin on, which the neighbour ops' CPU launches join."""
+        try:
+            with open("/proc/self/maps") as fh:
+                paths = sorted({line.split()[-1] for line in fh if "libgomp" in line and "/" in line})
+        except OSError:
+            return None
+        own = [p for p in paths if "torch" in p]
+        return (own or paths or [None])[0]
 
     def on_new_op(self, op: Any) -> None:
         # Registered now, so that a first call inside torch.compile finds it (registration

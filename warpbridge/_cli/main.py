@@ -104,7 +104,7 @@ def demo(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("warpbridge demo: error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         return 1
-    from . import _demo
+    from . import demo as _demo
 
     quiet_warp(keep_cuda_warning=args.device == "cuda")
     _demo.run(args.device, args.quick, args.out, progress=not args.no_progress)
@@ -122,7 +122,7 @@ def quiet_warp(keep_cuda_warning: bool = False) -> None:
 
     import warp as wp
 
-    from ._plan import ensure_init
+    from .._core.warp_runtime import ensure_init
 
     wp.config.log_level = wp.LOG_WARNING
     sys.stderr.flush()
@@ -143,7 +143,7 @@ def quiet_warp(keep_cuda_warning: bool = False) -> None:
 
 
 def _benchmarks_dir() -> Path | None:
-    d = Path(__file__).resolve().parent.parent / "benchmarks"
+    d = Path(__file__).resolve().parents[2] / "benchmarks"
     return d if (d / "overhead.py").exists() else None
 
 
@@ -270,8 +270,8 @@ def _version(dist: str) -> str | None:
 
 def doctor_report() -> dict:
     """Everything ``warpbridge doctor`` prints, as a dict."""
-    from . import __version__
-    from ._plan import ensure_init
+    from .. import __version__
+    from .._core.warp_runtime import ensure_init
 
     ensure_init()
     import warp as wp

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from . import ops
-from ._measure import median_ms, peak_mib, sync
+from .. import ops
+from .measure import median_ms, peak_mib, sync
 
 RADIUS, SIGMA, K = 0.2, 0.1, 7
 BACKENDS = ("torch", "torch.compile", "warpbridge")
@@ -36,7 +36,7 @@ def backends(variant: str) -> tuple[str, ...]:
 
 
 def tutorial_radius(q, r, f):
-    from . import _tutorial
+    from . import tutorial as _tutorial
 
     return _tutorial.TapeFunction.apply(q, r, f, RADIUS, SIGMA)
 

@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
-from .. import _op, _validate
-from .._errors import fail
-from .._op import WarpOp
-from .._signature import STRUCT
-from . import _core
+from ..._core import op as _op
+from ..._core import validate as _validate
+from ..._core.errors import fail
+from ..._core.op import WarpOp
+from ..._core.signature import STRUCT
+from . import arrays as _core
 
 _LIB = torch.library.Library("warpbridge", "FRAGMENT")  # keep alive: it owns the registrations
 _REGISTERED: dict[str, tuple[Any, Any]] = {}  # name -> (the op it was registered for, the torch op)

@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from . import _plan, _validate
-from ._backend import WarpArrays
-from ._errors import describe, fail
+from .._core import validate as _validate
+from .._core import warp_runtime
+from .._core.backend import WarpArrays
+from .._core.errors import describe, fail
 
 _DL_CPU, _DL_CUDA = 1, 2
 _DL_DEVICE_NAMES = {
@@ -132,7 +133,7 @@ def cast(a: Any, dtype_name: str) -> Any:
 
 
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
-    _plan.ensure_init()
+    warp_runtime.ensure_init()
     op.check_arity(args)
     args = list(args)
     first = None

@@ -17,9 +17,14 @@ from typing import Any, overload
 
 import warp as wp
 
-from . import _adjoint, _backward, _frameworks, _plan, _validate
-from ._errors import WarpBridgeError, fail
-from ._signature import GENERIC, Signature, bind_generic
+from .._backends import registry as _frameworks
+from . import adjoint_check as _adjoint
+from . import custom_backward as _backward
+from . import plan as _plan
+from . import validate as _validate
+from . import warp_runtime
+from .errors import WarpBridgeError, fail
+from .signature import GENERIC, Signature, bind_generic
 
 _BY_TYPE: dict[type, Any] = {}  # array type -> backend, filled on first sight
 # Plans are cheap to rebuild (~50 us) but eager shapes can vary without end (a new batch size
@@ -65,7 +70,7 @@ class WarpOp:
         self.debug = debug or os.environ.get("WARPBRIDGE_DEBUG", "") not in ("", "0")
         self.custom_backward: _backward.CustomBackward | None = None
         if not _DEFERRED_INIT:
-            _plan.ensure_init()  # the caller may go on with Warp calls that need the runtime
+            warp_runtime.ensure_init()  # the caller may go on with Warp calls that need the runtime
         self.name = name
         self.sig = Signature(fn, num_outputs, name, aux, outputs=outputs, in_out=in_out)
         # A generic kernel (``Any`` types) is a template: each call runs the instance for its
@@ -379,7 +384,7 @@ class WarpOp:
         """The launch plan for arrays on framework ``device`` (``warp_device`` maps it to Warp's)
         with these layouts and dims. Warp's runtime is set up here, on the first call, not when
         an op is made: ``import warpbridge`` declares ops without touching it."""
-        _plan.ensure_init()
+        warp_runtime.ensure_init()
         device = warp_device(device)
         first = layouts[0][0] if layouts else None
         shapes = [shape for shape, _ in layouts]
@@ -494,11 +499,29 @@ def _adapter(op: WarpOp, args: tuple) -> Any:
 
 def _find_adapter(op: WarpOp, args: tuple) -> Any:
     named = [(p.name, args[p.position], p.describe_type()) for p in op.sig.array_inputs if p.position < len(args)]
-    backend = _frameworks.for_arrays(op.name, named)
-    for i in op._array_positions:
-        if i < len(args):
-            _BY_TYPE[type(args[i])] = backend
-    return backend
+    return backend_of(op.name, named)
+
+
+def loaded_backends() -> list:
+    """The backends of the frameworks the caller has imported."""
+    return _frameworks.loaded()
+
+
+def backend_of(op_name: str, named: Sequence[tuple[str, Any, str]]) -> Any:
+    """The backend serving the arrays ``named`` ((argument name, array, expected type in
+    words)), all from one framework: a dict lookup per array once their types are known."""
+    found = None
+    for _, a, _ in named:
+        m = _BY_TYPE.get(type(a))
+        if m is None or (found is not None and m is not found):
+            found = None
+            break
+        found = m
+    if found is None:
+        found = _frameworks.for_arrays(op_name, named)
+        for _, a, _ in named:
+            _BY_TYPE[type(a)] = found
+    return found
 
 
 @overload

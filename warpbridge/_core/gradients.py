@@ -9,9 +9,9 @@ from typing import Any
 
 import warp as wp
 
-from ._plan import _HALF_BITS, Plan
-from ._signature import Param
-from ._validate import WARP_TYPES, inner_contiguous
+from .plan import _HALF_BITS, Plan
+from .signature import Param
+from .validate import WARP_TYPES, inner_contiguous
 
 
 def needs_outputs(op: Any) -> bool:

@@ -26,10 +26,13 @@ import jax
 import numpy as np
 import warp as wp
 
-from . import _functions, _gradients, _plan, _validate
-from ._backend import Backend, WarpArrays
-from ._errors import describe, fail
-from ._signature import Param
+from .._core import gradients as _gradients
+from .._core import launch_function as _functions
+from .._core import validate as _validate
+from .._core import warp_runtime
+from .._core.backend import Backend, WarpArrays
+from .._core.errors import describe, fail
+from .._core.signature import Param
 
 _MAX_CACHED = 256
 
@@ -47,7 +50,7 @@ def cast(a: Any, dtype_name: str) -> Any:
 
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     op.check_arity(args)
-    _plan.ensure_init()
+    warp_runtime.ensure_init()
     sig = op.sig
     arrays, layouts, scalars, avals = [], [], [], []
     for p, a in zip(sig.inputs, args):

@@ -11,112 +11,24 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import warp as wp
 
-from . import _functions
-from ._errors import fail
-from ._signature import STRUCT, Param, Signature
-from ._validate import _HALF_BITS, contiguous_strides, itemsize
-
-_array_t = wp._src.types.array_t
-_INIT_LOCK = threading.Lock()
-# Held while warpbridge builds or loads a Warp module (a plan's first launch, a launch
-# function's first run, the point kernels' first use): Warp's module build and load are not
-# safe to enter from several threads at once. Warm calls never take it.
-LOAD_LOCK = threading.RLock()
+from . import launch_function as _functions
+from .errors import fail
+from .signature import STRUCT, Param, Signature
+from .validate import _HALF_BITS, contiguous_strides, itemsize
+from .warp_runtime import LOAD_LOCK, empty_descriptor, record
+from .warp_runtime import array_descriptor as _descriptor
 
 # Call compiled CPU kernels directly (the fast path). Tests turn this off to run the generic
 # wp.launch path, the one CUDA takes, on machines without a GPU.
 DIRECT_CPU = True
 
-
-def ensure_init() -> None:
-    """Initialise Warp once (wp.from_paddle and friends fail before wp.init()), with a
-    ``wp.Tape`` per thread (see :func:`_thread_local_tape`)."""
-    if not wp._src.context.runtime or not _TAPE_PER_THREAD:
-        with _INIT_LOCK:
-            if not wp._src.context.runtime:
-                # warpbridge's own init skips Warp's greeting; warnings still show.
-                level = wp.config.log_level
-                wp.config.log_level = max(level, wp.LOG_WARNING)
-                try:
-                    wp.init()
-                finally:
-                    wp.config.log_level = level
-            if not _TAPE_PER_THREAD:
-                _thread_local_tape(wp._src.context.runtime)
-                _TAPE_PER_THREAD.append(True)
-
-
-_TAPE_PER_THREAD: list = []
-
-
-def _thread_local_tape(runtime: Any) -> None:
-    """Make Warp's active tape a per-thread setting.
-
-    Warp keeps one active ``wp.Tape`` per process (``runtime.tape``): while a launch
-    function's backward records its tape in one thread, every ``wp.launch`` from other
-    threads (another op's forward, a data loader) was recorded into it and replayed by its
-    backward, and a second thread opening a tape got "entering a tape while one is already
-    active". Measured: 1 fresh process in 2 failed ``tests/test_threads_cold.py``. A tape now
-    records the launches of the thread that opened it, which is what it does in a
-    single-threaded program.
-    """
-    cls = type(runtime)
-    if getattr(cls, "_tape_per_thread", False):
-        return
-    local = threading.local()
-    current = runtime.__dict__.pop("tape", None)
-
-    def get_tape(self: Any) -> Any:
-        return getattr(local, "tape", None)
-
-    def set_tape(self: Any, tape: Any) -> None:
-        local.tape = tape
-
-    runtime.__class__ = type(cls.__name__, (cls,), {"_tape_per_thread": True, "tape": property(get_tape, set_tape)})
-    if current is not None:
-        local.tape = current
-
-
 _INT_FORMATS = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i", "uint32": "I", "int64": "q",
                 "uint64": "Q"}  # fmt: skip
-
-
-def _descriptor(ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
-    return _array_t(ptr, 0, len(shape), shape, strides)
-
-
-class Recorded(NamedTuple):
-    """What calling a kernel's compiled CPU entry point directly needs: with ``direct``,
-    ``hooks.forward(byref(bounds), byref(args))`` for an ``Args`` copied from ``template``."""
-
-    Args: Any  # ctypes struct of the kernel's arguments, in order, named by their labels
-    template: Any  # an Args holding the recorded values
-    bounds: Any  # the launch bounds the record resolved
-    hooks: Any
-    module_exec: Any  # keep a reference, or the module may be unloaded
-    direct: bool  # CPU, one thread per block: the entry point may be called directly
-
-
-_ARGS_TYPES: dict = {}  # (kernel, field ctypes) -> Args struct
-
-
-def record(kernel: Any, dim: Any, inputs: Sequence[Any], device: Any) -> Recorded:
-    """Record one launch of ``kernel`` (which resolves the bounds, validates the dims and loads,
-    compiling if needed, the module) and return what a direct call needs."""
-    rec = wp.launch(kernel, dim=dim, inputs=list(inputs), device=device, record_cmd=True)
-    types = tuple(type(v) for v in rec.params[1:])
-    Args = _ARGS_TYPES.get((kernel, types))
-    if Args is None:
-        fields = [(a.label, t) for a, t in zip(kernel.adj.args, types)]
-        Args = _ARGS_TYPES.setdefault((kernel, types), type("Args", (ctypes.Structure,), {"_fields_": fields}))
-    direct = DIRECT_CPU and device.is_cpu and rec.block_dim == 1
-    return Recorded(Args, Args(*rec.params[1:]), rec.params[0], rec.hooks, rec.module_exec, direct)
 
 
 class Plan:
@@ -158,7 +70,7 @@ class Plan:
         ]
         try:
             with LOAD_LOCK:
-                rec = record(kernel, launch, templates, device)
+                rec = record(kernel, launch, templates, device, DIRECT_CPU)
         except (ValueError, RuntimeError, TypeError) as e:
             raise fail(sig.name, f"Warp rejected the launch (dims {launch}): {e}") from e
         self.bounds = rec.bounds
@@ -259,7 +171,7 @@ class Plan:
             if p.is_array:
                 ptr = next(grads)
                 by_name[p.name] = (
-                    _descriptor(ptr, self.in_layouts[k][0], self.in_grad_strides[k]) if ptr else _array_t()
+                    _descriptor(ptr, self.in_layouts[k][0], self.in_grad_strides[k]) if ptr else empty_descriptor()
                 )
                 k += 1
             elif p.dtype_name == STRUCT:
@@ -357,7 +269,7 @@ def _indexed(p: Param, ptr: int, shape: Sequence[int], strides: Sequence[int], d
 
 
 def _adjoint_args(sig: Signature, Args: Any) -> Any:
-    fields = [(name, _array_t if p.indexed else t) for (name, t), p in zip(Args._fields_, sig.params)]
+    fields = [(name, type(empty_descriptor()) if p.indexed else t) for (name, t), p in zip(Args._fields_, sig.params)]
     return type("AdjArgs", (ctypes.Structure,), {"_fields_": fields})
 
 

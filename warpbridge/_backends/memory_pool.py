@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 
-from ._errors import WarpBridgeError
+from .._core.errors import WarpBridgeError
 
 POOLS = ("warp", "torch")
 _LOCK = threading.Lock()

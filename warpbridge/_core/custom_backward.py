@@ -7,7 +7,7 @@ each floating-point array input ``x`` (zeroed gradients it fills). It is read in
 :class:`~warpbridge._signature.Signature` of its own, whose outputs are the ``adj_<x>``
 arrays: so the same checks hold for it as for any op (it may not write the forward's inputs,
 outputs or incoming gradients), and a kernel backward launches through a cached
-:class:`~warpbridge._plan.Plan` like any forward.
+:class:`~warpbridge._core.plan.Plan` like any forward.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any
 
 import warp as wp
 
-from ._errors import WarpBridgeError
-from ._signature import Param, Signature, bind_generic
+from .errors import WarpBridgeError
+from .plan import Plan
+from .signature import Param, Signature, bind_generic
 
 
 def _same_type(a: Param, b: Param) -> bool:
@@ -90,8 +91,6 @@ class CustomBackward:
 
     def plan(self, fwd_plan: Any, grad_layouts: Sequence[tuple]) -> Any:
         """The backward kernel's plan for a forward plan and the incoming gradients' layouts."""
-        from ._plan import Plan
-
         key = (id(fwd_plan), tuple(grad_layouts))
         entry = self._plans.get(key)
         if entry is None or entry[0] is not fwd_plan:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .._errors import fail
+from ..._core.errors import fail
 
 
 def active() -> bool:
@@ -212,7 +212,7 @@ class OpRule(Rule):
     save_outputs = False
 
     def __init__(self, op: Any, args: Sequence[Any], launch_dims: Any, output_dims: Any):
-        from . import _core
+        from . import arrays as _core
 
         self._core = _core
         self.op, self.name = op, op.name
@@ -231,7 +231,7 @@ class OpRule(Rule):
 
     def forward(self, tensors: Sequence[torch.Tensor]) -> tuple:
         if torch.compiler.is_compiling():  # traced: the registered op, which has a fake kernel
-            from . import _library
+            from . import registered_op as _library
 
             out = _library.call(self.op, self._args(tensors), self.ld, self.od)
             return out if isinstance(out, tuple) else (out,)

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from . import _validate
-from ._backend import Backend
-from ._errors import fail
+from .._core import validate as _validate
+from .._core.backend import Backend
+from .._core.errors import fail
 
 
 def _known(name: str) -> bool:

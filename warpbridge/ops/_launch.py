@@ -10,14 +10,15 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import warp as wp
 
-from .. import _plan
+from .._core import op as _op
+from .._core import warp_runtime
+from .._core.errors import WarpBridgeError
 from . import _kernels
 
 _POOL: ThreadPoolExecutor | None = None
@@ -48,8 +49,6 @@ def set_num_threads(n: int | None) -> None:
     """CPU threads used by the point ops (default: ``os.cpu_count()``; None restores it)."""
     global _num_threads
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
-        from .._errors import WarpBridgeError
-
         raise WarpBridgeError(f"set_num_threads(): n must be a positive int or None, got {n!r}")
     _num_threads = n
 
@@ -140,19 +139,17 @@ _GOMP: list = []  # [library or None, pid], resolved once per process
 
 
 def _gomp() -> Any:
-    """The GNU OpenMP runtime PyTorch loaded into this process, or None: no torch, another
-    runtime, a forked child, or ``WARPBRIDGE_OPENMP=0``."""
+    """The GNU OpenMP runtime of a loaded framework (``Backend.openmp_library``), or None: no
+    such framework, a forked child, or ``WARPBRIDGE_OPENMP=0``."""
     if _GOMP and _GOMP[1] != os.getpid():
         return None  # a forked child: libgomp's thread pool did not survive the fork (it would hang)
     if not _GOMP:
         lib = None
-        if os.environ.get("WARPBRIDGE_OPENMP", "1") != "0" and "torch" in sys.modules:
+        if os.environ.get("WARPBRIDGE_OPENMP", "1") != "0":
+            paths = [path for b in _op.loaded_backends() if (path := b.openmp_library())]
             try:
-                with open("/proc/self/maps") as fh:
-                    paths = sorted({line.split()[-1] for line in fh if "libgomp" in line and "/" in line})
-                torch_lib = [p for p in paths if "torch" in p]
                 if paths:
-                    lib = ctypes.CDLL((torch_lib or paths)[0])
+                    lib = ctypes.CDLL(paths[0])
                     lib.wb_parallel = ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value
             except (OSError, AttributeError):
                 lib = None
@@ -174,7 +171,7 @@ _TEAM: dict = {}
 def _load_team(device: Any) -> None:
     """Compile (first use) and record the CPU team launch (``_kernels.team``); under LOAD_LOCK."""
     if device.alias not in _TEAM:
-        rec = _plan.record(_kernels.team(), 1, [0], device)
+        rec = warp_runtime.record(_kernels.team(), 1, [0], device)
         if rec.direct:
             _TEAM[device.alias] = (rec.hooks.forward, rec.Args, rec.bounds, rec.module_exec)
 
@@ -241,7 +238,7 @@ def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, strea
     On the CPU the arguments are packed once per call and each launch copies that struct and
     calls the compiled entry point directly: a few microseconds instead of a ``wp.launch``
     (~25 us, under the GIL) per chunk. The first call per kernel and argument types records
-    a launch (``_plan.record``: Warp validates the arguments and loads the module); later
+    a launch (``warp_runtime.record``: Warp validates the arguments and loads the module); later
     calls pack the struct from the arrays' descriptors themselves (a tiny kNN call measured
     0.22 -> 0.15 ms).
 
@@ -264,7 +261,7 @@ def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, strea
     key = (kernel, device.alias, *((a.dtype, a.ndim) if isinstance(a, wp.array) else type(a) for a in args))
     direct = _RECORDED.get(key)
     if direct is None:
-        rec = _plan.record(kernel, m, args, device)
+        rec = warp_runtime.record(kernel, m, args, device)
         if not rec.direct:
             return launch  # CPU tile blocks: Warp's own launch path
         direct = _RECORDED[key] = _Direct(rec, kernel, len(before))
@@ -445,7 +442,7 @@ def kernels_for(dtype_name: str, device: Any) -> Any:
     key = (dtype_name, device.alias)
     if key in _LOADED:
         return _kernels.kernels(wp.float32 if dtype_name == "float32" else wp.float64)
-    with _plan.LOAD_LOCK:
+    with warp_runtime.LOAD_LOCK:
         k = _kernels.kernels(wp.float32 if dtype_name == "float32" else wp.float64)
         # as a launch loads it (block_dim 1 on the CPU): Module.load's default block_dim is
         # another variant, compiled a second time for nothing

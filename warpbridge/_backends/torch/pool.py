@@ -8,8 +8,8 @@ from typing import Any
 import torch
 import warp as wp
 
-from .. import _pool
-from .._errors import WarpBridgeError
+from ..._core.errors import WarpBridgeError
+from .. import memory_pool as _pool
 
 
 class TorchAllocator:

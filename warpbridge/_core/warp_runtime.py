@@ -1,0 +1,319 @@
+"""Everything warpbridge takes from Warp beyond its public API, in one place.
+
+warpbridge relies on these Warp internals (checked by :func:`check_internals`, which
+``tests/test_warp_runtime.py`` runs, so a Warp upgrade that changes one fails loudly):
+
+- ``warp._src.context.runtime``: whether Warp is initialised, and its per-process active tape
+  (made per thread here, see :func:`_thread_local_tape`);
+- ``wp.launch(..., record_cmd=True)``: a recorded launch's ``params``, ``hooks`` and
+  ``module_exec``, and ``warp._src.types.array_t``, the ctypes array descriptor, to call a
+  compiled CPU kernel directly (:func:`record`);
+- ``warp._src.codegen.Adjoint``: its loop visitors and ``materialize_redefinitions``, where the
+  code generator finds a variable mutated in a dynamic loop
+  (:func:`recording_loop_mutations`), and ``warp._src.context.ModuleBuilder`` to generate a
+  kernel's code without compiling it (:func:`build_code`);
+- ``wp.Tape.record_launch`` / ``record_func`` and the layout of ``tape.launches`` entries
+  (:class:`KeepingTape`, :func:`tape_launches`);
+- ``warp._src.context.Function``, ``warp._src.codegen.Struct`` and ``warp._src.types.int_types``
+  (:func:`is_user_function`, :func:`is_struct`, :data:`INT_TYPES`).
+
+Supported: warp-lang ``SUPPORTED_WARP``. The one process-wide change is the per-thread tape
+(:func:`_thread_local_tape`): Warp has no per-thread tape setting, and without one, launches
+from other threads were recorded into a launch function's tape.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import ctypes
+import sys
+import threading
+import types
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import warp as wp
+
+SUPPORTED_WARP = ("1.19",)
+_array_t = wp._src.types.array_t
+INT_TYPES = wp._src.types.int_types
+
+
+def is_user_function(obj: Any) -> bool:
+    """A ``@wp.func`` written in Python (not a builtin)."""
+    return isinstance(obj, wp._src.context.Function) and not obj.is_builtin() and obj.func is not None
+
+
+def is_struct(dtype: Any) -> bool:
+    """A ``wp.struct`` type."""
+    return isinstance(dtype, wp._src.codegen.Struct)
+
+
+def empty_descriptor() -> Any:
+    """The descriptor of no array (a null gradient)."""
+    return _array_t()
+
+
+_INIT_LOCK = threading.Lock()
+# Held while warpbridge builds or loads a Warp module (a plan's first launch, a launch
+# function's first run, the point kernels' first use): Warp's module build and load are not
+# safe to enter from several threads at once. Warm calls never take it.
+LOAD_LOCK = threading.RLock()
+
+
+def ensure_init() -> None:
+    """Initialise Warp once (wp.from_paddle and friends fail before wp.init()), with a
+    ``wp.Tape`` per thread (see :func:`_thread_local_tape`)."""
+    if not wp._src.context.runtime or not _TAPE_PER_THREAD:
+        with _INIT_LOCK:
+            if not wp._src.context.runtime:
+                # warpbridge's own init skips Warp's greeting; warnings still show.
+                level = wp.config.log_level
+                wp.config.log_level = max(level, wp.LOG_WARNING)
+                try:
+                    wp.init()
+                finally:
+                    wp.config.log_level = level
+            if not _TAPE_PER_THREAD:
+                _thread_local_tape(wp._src.context.runtime)
+                _TAPE_PER_THREAD.append(True)
+
+
+_TAPE_PER_THREAD: list = []
+
+
+def _thread_local_tape(runtime: Any) -> None:
+    """Make Warp's active tape a per-thread setting.
+
+    Warp keeps one active ``wp.Tape`` per process (``runtime.tape``): while a launch
+    function's backward records its tape in one thread, every ``wp.launch`` from other
+    threads (another op's forward, a data loader) was recorded into it and replayed by its
+    backward, and a second thread opening a tape got "entering a tape while one is already
+    active". Measured: 1 fresh process in 2 failed ``tests/test_threads_cold.py``. A tape now
+    records the launches of the thread that opened it, which is what it does in a
+    single-threaded program.
+    """
+    cls = type(runtime)
+    if getattr(cls, "_tape_per_thread", False):
+        return
+    local = threading.local()
+    current = runtime.__dict__.pop("tape", None)
+
+    def get_tape(self: Any) -> Any:
+        return getattr(local, "tape", None)
+
+    def set_tape(self: Any, tape: Any) -> None:
+        local.tape = tape
+
+    runtime.__class__ = type(cls.__name__, (cls,), {"_tape_per_thread": True, "tape": property(get_tape, set_tape)})
+    if current is not None:
+        local.tape = current
+
+
+def array_descriptor(ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
+    return _array_t(ptr, 0, len(shape), shape, strides)
+
+
+class Recorded(NamedTuple):
+    """What calling a kernel's compiled CPU entry point directly needs: with ``direct``,
+    ``hooks.forward(byref(bounds), byref(args))`` for an ``Args`` copied from ``template``."""
+
+    Args: Any  # ctypes struct of the kernel's arguments, in order, named by their labels
+    template: Any  # an Args holding the recorded values
+    bounds: Any  # the launch bounds the record resolved
+    hooks: Any
+    module_exec: Any  # keep a reference, or the module may be unloaded
+    direct: bool  # CPU, one thread per block: the entry point may be called directly
+
+
+_ARGS_TYPES: dict = {}  # (kernel, field ctypes) -> Args struct
+
+
+def record(kernel: Any, dim: Any, inputs: Sequence[Any], device: Any, direct_cpu: bool = True) -> Recorded:
+    """Record one launch of ``kernel`` (which resolves the bounds, validates the dims and loads,
+    compiling if needed, the module) and return what a direct call needs."""
+    rec = wp.launch(kernel, dim=dim, inputs=list(inputs), device=device, record_cmd=True)
+    types = tuple(type(v) for v in rec.params[1:])
+    Args = _ARGS_TYPES.get((kernel, types))
+    if Args is None:
+        fields = [(a.label, t) for a, t in zip(kernel.adj.args, types)]
+        Args = _ARGS_TYPES.setdefault((kernel, types), type("Args", (ctypes.Structure,), {"_fields_": fields}))
+    direct = direct_cpu and device.is_cpu and rec.block_dim == 1
+    return Recorded(Args, Args(*rec.params[1:]), rec.params[0], rec.hooks, rec.module_exec, direct)
+
+
+# -- dynamic loops, as Warp's code generator sees them ----------------------------------------
+
+_RECORD = threading.local()
+
+
+def _patched_visitors(Adjoint: Any):
+    loop_stack: list = []
+
+    def wrap_loop(emit):
+        def visit(adj, node):
+            loop_stack.append(node)
+            try:
+                return emit(adj, node)
+            finally:
+                loop_stack.pop()
+
+        return visit
+
+    original = Adjoint.materialize_redefinitions
+
+    def materialize(adj, symbols):
+        found = getattr(_RECORD, "found", None)
+        if found is not None and not adj.custom_reverse_mode and loop_stack:
+            loop = loop_stack[-1]
+            for sym, var1 in symbols.items():
+                var2 = adj.symbols.get(sym)
+                if var2 is None or var1 == var2:
+                    continue
+                if adj.is_constant_iter_symbol(sym) and var1.constant is not None:
+                    continue
+                found.append((adj, loop, sym, var1.type))
+        return original(adj, symbols)
+
+    return wrap_loop, materialize, original
+
+
+@contextlib.contextmanager
+def recording_loop_mutations():
+    """Record Warp's "mutated variable in a dynamic loop" findings while code is generated."""
+    codegen = wp._src.codegen
+    Adjoint = codegen.Adjoint
+    with codegen._codegen_lock:
+        wrap_loop, materialize, original = _patched_visitors(Adjoint)
+        visitors = Adjoint.node_visitors
+        saved = {t: visitors[t] for t in (ast.For, ast.While)}
+        for t, emit in saved.items():
+            visitors[t] = wrap_loop(emit)
+        Adjoint.materialize_redefinitions = materialize
+        _RECORD.found = []
+        try:
+            yield _RECORD.found
+        finally:
+            _RECORD.found = None
+            Adjoint.materialize_redefinitions = original
+            visitors.update(saved)
+
+
+def build_code(kernel: Any, options: dict) -> list:
+    """Generate (never compile) ``kernel``'s code and the functions it calls, with Warp's
+    loop-mutation findings recorded: ``(adj, loop, symbol, type)`` per finding."""
+    context = wp._src.context
+    with LOAD_LOCK, recording_loop_mutations() as found:
+        builder = context.ModuleBuilder(context.Module("warpbridge_adjoint_check", None), options)
+        builder.build_kernel(kernel)
+        for f in builder.deferred_functions:
+            builder.build_function(f)
+        return list(found)
+
+
+class RecordedLaunch(NamedTuple):
+    """One kernel launch a ``wp.Tape`` recorded: the kernel and its arguments by name."""
+
+    kernel: Any
+    args: list  # (parameter label, argument), inputs then outputs
+
+
+def tape_launches(tape: Any) -> list[RecordedLaunch]:
+    """The kernel launches ``tape`` recorded, in order (recorded functions left out)."""
+    found = []
+    for entry in tape.launches:
+        if isinstance(entry, (list, tuple)) and entry and isinstance(entry[0], wp.Kernel):
+            labels = (a.label for a in entry[0].adj.args)
+            found.append(RecordedLaunch(entry[0], list(zip(labels, list(entry[3]) + list(entry[4])))))
+    return found
+
+
+def check_internals() -> list[str]:
+    """The Warp internals listed above that this Warp lacks (empty: all present)."""
+    missing = []
+    checks = {
+        "warp._src.context.runtime": lambda: hasattr(wp._src.context, "runtime"),
+        "warp._src.types.array_t": lambda: hasattr(wp._src.types, "array_t"),
+        "warp._src.types.int_types": lambda: hasattr(wp._src.types, "int_types"),
+        "warp._src.context.Function": lambda: isinstance(wp._src.context.Function, type),
+        "warp._src.context.ModuleBuilder": lambda: hasattr(wp._src.context, "ModuleBuilder"),
+        "warp._src.codegen.Struct": lambda: isinstance(wp._src.codegen.Struct, type),
+        "warp._src.codegen.Adjoint.node_visitors": lambda: ast.For in wp._src.codegen.Adjoint.node_visitors,
+        "warp._src.codegen.Adjoint.materialize_redefinitions": lambda: callable(
+            wp._src.codegen.Adjoint.materialize_redefinitions
+        ),
+        "warp._src.codegen._codegen_lock": lambda: hasattr(wp._src.codegen, "_codegen_lock"),
+        "wp.Tape.record_launch": lambda: callable(wp.Tape.record_launch),
+        "wp.Tape.record_func": lambda: callable(wp.Tape.record_func),
+    }
+    for name, present in checks.items():
+        try:
+            ok = present()
+        except AttributeError:
+            ok = False
+        if not ok:
+            missing.append(name)
+    return missing
+
+
+_WARP_DIR = str(Path(wp.__file__).parent)
+
+
+class KeepingTape(wp.Tape):
+    """A ``wp.Tape`` that keeps alive the frames that launched what it recorded.
+
+    The tape's launches refer to objects the function made (a ``wp.HashGrid``, a ``wp.Mesh``,
+    scratch arrays) only through ids and pointers; they must outlive ``tape.backward()``, which
+    runs after the function has returned. A frame kept past its return keeps its locals.
+    Frames from the launch up to (not including) ``stop`` are kept: helpers' too.
+    """
+
+    def __init__(self, stop: Any):
+        super().__init__()
+        self.frames: list = []
+        self.kept: list[dict] = []  # the frames' locals, once settled
+        self._seen: set[int] = set()
+        self._stop = stop
+
+    def record_launch(self, *args: Any, **kwargs: Any) -> None:
+        self._keep_frames()
+        super().record_launch(*args, **kwargs)
+
+    def record_func(self, *args: Any, **kwargs: Any) -> None:
+        self._keep_frames()
+        super().record_func(*args, **kwargs)
+
+    def _keep_frames(self) -> None:
+        frame = sys._getframe(2)
+        while frame is not None and frame is not self._stop:
+            if id(frame) not in self._seen:
+                self._seen.add(id(frame))
+                self.frames.append(frame)
+            frame = frame.f_back
+
+    def settle(self) -> None:
+        """Once the function has returned: keep its frames' locals, not the frames, which refer
+        to their callers' frames (and through them to whoever holds this tape)."""
+        for f in self.frames:
+            if not f.f_code.co_filename.startswith(_WARP_DIR):  # Warp's own frames hold frames
+                self.kept.append({k: v for k, v in f.f_locals.items() if not isinstance(v, types.FrameType)})
+        self.frames.clear()
+        self._stop = None
+
+    def kept_objects(self) -> list:
+        """The objects the kept frames' locals hold."""
+        return [v for f in self.frames for v in f.f_locals.values()] + [v for d in self.kept for v in d.values()]
+
+
+def recorded_kernels(tape: Any) -> list:
+    """The kernels a ``wp.Tape`` recorded, in launch order."""
+    found = []
+    for entry in tape.launches:
+        k = getattr(entry, "kernel", None)
+        if k is None and isinstance(entry, (list, tuple)) and entry and isinstance(entry[0], wp.Kernel):
+            k = entry[0]
+        if isinstance(k, wp.Kernel) and k not in found:
+            found.append(k)
+    return found
