@@ -20,8 +20,7 @@ from . import launch_function as _functions
 from .errors import fail
 from .signature import STRUCT, Param, Signature
 from .validate import _HALF_BITS, contiguous_strides, itemsize
-from .warp_runtime import LOAD_LOCK, empty_descriptor, record
-from .warp_runtime import array_descriptor as _descriptor
+from .warp_runtime import ARRAY_DESCRIPTOR, LOAD_LOCK, record
 
 # Call compiled CPU kernels directly (the fast path). Tests turn this off to run the generic
 # wp.launch path, the one CUDA takes, on machines without a GPU.
@@ -29,6 +28,10 @@ DIRECT_CPU = True
 
 _INT_FORMATS = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i", "uint32": "I", "int64": "q",
                 "uint64": "Q"}  # fmt: skip
+
+
+def _descriptor(ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
+    return ARRAY_DESCRIPTOR(ptr, 0, len(shape), shape, strides)
 
 
 class Plan:
@@ -171,7 +174,7 @@ class Plan:
             if p.is_array:
                 ptr = next(grads)
                 by_name[p.name] = (
-                    _descriptor(ptr, self.in_layouts[k][0], self.in_grad_strides[k]) if ptr else empty_descriptor()
+                    _descriptor(ptr, self.in_layouts[k][0], self.in_grad_strides[k]) if ptr else ARRAY_DESCRIPTOR()
                 )
                 k += 1
             elif p.dtype_name == STRUCT:
@@ -269,7 +272,7 @@ def _indexed(p: Param, ptr: int, shape: Sequence[int], strides: Sequence[int], d
 
 
 def _adjoint_args(sig: Signature, Args: Any) -> Any:
-    fields = [(name, type(empty_descriptor()) if p.indexed else t) for (name, t), p in zip(Args._fields_, sig.params)]
+    fields = [(name, ARRAY_DESCRIPTOR if p.indexed else t) for (name, t), p in zip(Args._fields_, sig.params)]
     return type("AdjArgs", (ctypes.Structure,), {"_fields_": fields})
 
 

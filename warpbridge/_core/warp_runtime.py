@@ -7,7 +7,7 @@ warpbridge relies on these Warp internals (checked by :func:`check_internals`, w
   (made per thread here, see :func:`_thread_local_tape`);
 - ``wp.launch(..., record_cmd=True)``: a recorded launch's ``params``, ``hooks`` and
   ``module_exec``, and ``warp._src.types.array_t``, the ctypes array descriptor, to call a
-  compiled CPU kernel directly (:func:`record`);
+  compiled CPU kernel directly (:func:`record`, :data:`ARRAY_DESCRIPTOR`);
 - ``warp._src.codegen.Adjoint``: its loop visitors and ``materialize_redefinitions``, where the
   code generator finds a variable mutated in a dynamic loop
   (:func:`recording_loop_mutations`), and ``warp._src.context.ModuleBuilder`` to generate a
@@ -38,6 +38,7 @@ import warp as wp
 
 SUPPORTED_WARP = ("1.19",)
 _array_t = wp._src.types.array_t
+ARRAY_DESCRIPTOR = _array_t  # the ctypes struct of an array argument: (data, grad, ndim, shape, strides)
 INT_TYPES = wp._src.types.int_types
 
 
@@ -49,11 +50,6 @@ def is_user_function(obj: Any) -> bool:
 def is_struct(dtype: Any) -> bool:
     """A ``wp.struct`` type."""
     return isinstance(dtype, wp._src.codegen.Struct)
-
-
-def empty_descriptor() -> Any:
-    """The descriptor of no array (a null gradient)."""
-    return _array_t()
 
 
 _INIT_LOCK = threading.Lock()
@@ -110,10 +106,6 @@ def _thread_local_tape(runtime: Any) -> None:
     runtime.__class__ = type(cls.__name__, (cls,), {"_tape_per_thread": True, "tape": property(get_tape, set_tape)})
     if current is not None:
         local.tape = current
-
-
-def array_descriptor(ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
-    return _array_t(ptr, 0, len(shape), shape, strides)
 
 
 class Recorded(NamedTuple):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import numbers
 import struct
-import sys
 from typing import Any
 
 from .._core import op as _op
