@@ -180,63 +180,8 @@ def _charts(out: Path) -> list[Path]:
     written = []
     for path in sorted(out.glob("*.json")):
         data = json.loads(path.read_text())
-        if path.name.startswith("overhead"):
-            sections = {"per-call overhead, µs (median)": data.get("median_us", {})}
-        elif path.name.startswith("neighbors"):
-            sections = {
-                "radius_aggregate train step, ms": {
-                    k: v["step_ms"] for k, v in data["radius"].items() if "step_ms" in v
-                },
-                "knn_aggregate forward, ms": {k: v["forward_ms"] for k, v in data["knn"].items()},
-            }
-        elif path.name.startswith("grad_buffer"):
-            rows = {**data.get("one_process", {}), **data.get("two_processes", {})}
-            sections = {
-                f"train step, ms ({model})": {
-                    k.split("|", 1)[1].strip(): v["step_ms"] for k, v in rows.items() if k.startswith(model)
-                }
-                for model in dict.fromkeys(k.split("|")[0].strip() for k in rows)
-            }
-        elif path.name.startswith("memory_pool"):
-            sections = {
-                f"{case}, ms": {f"{pool} pool": row["ms"] for pool, row in pools.items()}
-                for case, pools in data["median"].items()
-            }
-        elif path.name.startswith("distributions"):  # distributions-self: kNN alone, M = N
-            rows = data["rows"]
-            n = 100_000 if any(r["n"] == 100_000 for r in rows) else max(r["n"] for r in rows)
-            knn = "kNN self-join" if path.name.startswith("distributions-self") else "kNN"
-            sections = {
-                f"{knn} at N = {n:,}: speed-up over the best peer (x)": {
-                    r["distribution"]: r["knn_vs_best_peer"] for r in rows if r["n"] == n
-                },
-                f"radius aggregation at N = {n:,}: speed-up over cKDTree + torch (x)": {
-                    r["distribution"]: r["radius_vs_best_peer"]
-                    for r in rows
-                    if r["n"] == n and "radius_vs_best_peer" in r
-                },
-            }
-        elif path.name.startswith("scale"):
-            rows = data["rows"]
-            sections = {
-                "kNN, seconds": {f"{r['distribution']} N={r['n']:.0e}": r["knn_s"] for r in rows},
-                "kNN, peak MiB": {f"{r['distribution']} N={r['n']:.0e}": r["knn_peak_mib"] for r in rows},
-            }
-        elif path.name.startswith("launch_functions"):
-            sections = {}
-            for r in data["rows"]:
-                sections.setdefault(f"{r['case']}: forward + backward, ms", {})[r["way"]] = r["ms"]
-        elif path.name.startswith("soak"):
-            rows = data["rows"]
-            sections = {
-                "soak: step ms, start -> end": {
-                    f"{r['op']} {when}": r[f"step_ms_{when}"] for r in rows for when in ("start", "end")
-                },
-                "soak: RSS MiB, start -> end": {
-                    f"{r['op']} {when}": r[f"rss_mib_{when}"] for r in rows for when in ("start", "end")
-                },
-            }
-        else:
+        sections = _chart_sections(path.name, data)
+        if sections is None:
             continue
         sections = {k: v for k, v in sections.items() if v}
         if not sections:
@@ -259,6 +204,71 @@ def _charts(out: Path) -> list[Path]:
         plt.close(fig)
         written.append(png)
     return written
+
+
+def _chart_sections(name: str, data: dict) -> dict | None:
+    """The bar groups of one benchmark JSON (None: not a benchmark to chart)."""
+    if name.startswith("overhead"):
+        sections = {"per-call overhead, µs (median)": data.get("median_us", {})}
+    elif name.startswith("neighbors"):
+        sections = {
+            "radius_aggregate train step, ms": {k: v["step_ms"] for k, v in data["radius"].items() if "step_ms" in v},
+            "knn_aggregate forward, ms": {k: v["forward_ms"] for k, v in data["knn"].items()},
+        }
+    elif name.startswith("grad_buffer"):
+        rows = {**data.get("one_process", {}), **data.get("two_processes", {})}
+        sections = {
+            f"train step, ms ({model})": {
+                k.split("|", 1)[1].strip(): v["step_ms"] for k, v in rows.items() if k.startswith(model)
+            }
+            for model in dict.fromkeys(k.split("|")[0].strip() for k in rows)
+        }
+    elif name.startswith("memory_pool"):
+        sections = {
+            f"{case}, ms": {f"{pool} pool": row["ms"] for pool, row in pools.items()}
+            for case, pools in data["median"].items()
+        }
+    elif name.startswith("distributions"):  # distributions-self: kNN alone, M = N
+        rows = data["rows"]
+        n = 100_000 if any(r["n"] == 100_000 for r in rows) else max(r["n"] for r in rows)
+        knn = "kNN self-join" if name.startswith("distributions-self") else "kNN"
+        sections = {
+            f"{knn} at N = {n:,}: speed-up over the best peer (x)": {
+                r["distribution"]: r["knn_vs_best_peer"] for r in rows if r["n"] == n
+            },
+            f"radius aggregation at N = {n:,}: speed-up over cKDTree + torch (x)": {
+                r["distribution"]: r["radius_vs_best_peer"] for r in rows if r["n"] == n and "radius_vs_best_peer" in r
+            },
+        }
+    elif name.startswith("scale"):
+        rows = data["rows"]
+        sections = {
+            "kNN, seconds": {f"{r['distribution']} N={r['n']:.0e}": r["knn_s"] for r in rows},
+            "kNN, peak MiB": {f"{r['distribution']} N={r['n']:.0e}": r["knn_peak_mib"] for r in rows},
+        }
+    elif name.startswith("launch_functions"):
+        sections = {}
+        for r in data["rows"]:
+            sections.setdefault(f"{r['case']}: forward + backward, ms", {})[r["way"]] = r["ms"]
+    elif name.startswith("call_walk"):
+        rows = data["rows"]
+        sections = {
+            "files one call crosses": {k: v["files"] for k, v in rows.items()},
+            "changes of file in one call": {k: v["file_changes"] for k, v in rows.items()},
+        }
+    elif name.startswith("soak"):
+        rows = data["rows"]
+        sections = {
+            "soak: step ms, start -> end": {
+                f"{r['op']} {when}": r[f"step_ms_{when}"] for r in rows for when in ("start", "end")
+            },
+            "soak: RSS MiB, start -> end": {
+                f"{r['op']} {when}": r[f"rss_mib_{when}"] for r in rows for when in ("start", "end")
+            },
+        }
+    else:
+        return None
+    return sections
 
 
 def _version(dist: str) -> str | None:
