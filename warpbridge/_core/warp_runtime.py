@@ -300,12 +300,5 @@ class KeepingTape(wp.Tape):
 
 
 def recorded_kernels(tape: Any) -> list:
-    """The kernels a ``wp.Tape`` recorded, in launch order."""
-    found = []
-    for entry in tape.launches:
-        k = getattr(entry, "kernel", None)
-        if k is None and isinstance(entry, (list, tuple)) and entry and isinstance(entry[0], wp.Kernel):
-            k = entry[0]
-        if isinstance(k, wp.Kernel) and k not in found:
-            found.append(k)
-    return found
+    """The kernels a ``wp.Tape`` recorded, each once, in launch order."""
+    return list(dict.fromkeys(launch.kernel for launch in tape_launches(tape)))
