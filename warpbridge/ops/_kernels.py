@@ -786,7 +786,7 @@ def kernels(scalar: Any) -> Any:
     ):
         # One thread builds the whole subtree under node (parts + r): its splits level by
         # level, its leaves' boxes, then its boxes bottom-up. A scatter launch's share
-        # `offset` (of `stride`) owns row `offset` of `items`, room for `room` records: the
+        # `offset % stride` (of `stride`) owns that row of `items`, room for `room` records: the
         # levels whose nodes do not fit split in place; below, each node is packed into the
         # row, split down to its leaves there, and unpacked (CUDA: no rows, nothing to split).
         r = wp.tid() * stride + offset
@@ -805,7 +805,7 @@ def kernels(scalar: Any) -> Any:
                 node = r * width + j
                 s = part(node, n, level)
                 e = part(node + 1, n, level)
-                base = s - offset * room
+                base = s - (offset % stride) * room
                 pack(pts, order, items, base, s, e)
                 sub = level
                 below = int(1)
@@ -1200,7 +1200,7 @@ def kernels(scalar: Any) -> Any:
     ):
         # The queries' gradient over each query's neighbours: the ones the forward listed, or a
         # search of the tree for a query with more. Besides, by the arrays it is given:
-        # - `scatter` (the CPU's one pass; `offset` is the thread's slot): the reference side's
+        # - `scatter` (the CPU's one pass; `offset % stride` is the slot): the reference side's
         #   terms, added into the thread's copy of their gradients;
         # - pair arrays (the CPU's pair list): each pair, recorded at offsets[i] onwards;
         # - `g_out` (two searches): g.out per query, for the reference pass.
@@ -1234,7 +1234,7 @@ def kernels(scalar: Any) -> Any:
                 diff = q - sorted_points[s]
                 cd = backward_pair(
                     i, s, k, diff, norm(diff), nearest, inv, go, sigma, order, features, grad, geometry,
-                    need_ref, need_features, scatter, offset, pair_query, pair_ref, pair_p, pair_c,
+                    need_ref, need_features, scatter, offset % stride, pair_query, pair_ref, pair_p, pair_c,
                     d_ref, d_features, ref_slots, feature_slots, features4, grad4, d_features4, feature_slots4,
                 )  # fmt: skip
                 dq += diff * cd
@@ -1262,7 +1262,7 @@ def kernels(scalar: Any) -> Any:
                     if d <= radius:
                         cd = backward_pair(
                             i, s, k, diff, d, nearest, inv, go, sigma, order, features, grad, geometry,
-                            need_ref, need_features, scatter, offset, pair_query, pair_ref, pair_p, pair_c,
+                            need_ref, need_features, scatter, offset % stride, pair_query, pair_ref, pair_p, pair_c,
                             d_ref, d_features, ref_slots, feature_slots, features4, grad4, d_features4,
                             feature_slots4,
                         )  # fmt: skip
@@ -1367,8 +1367,8 @@ def kernels(scalar: Any) -> Any:
         d_ref: wp.array(dtype=V),
         ref_slots: wp.array2d(dtype=V),
     ):
-        # On the CPU thread `offset` adds into ref_slots[offset - 1] (thread 0 into d_ref).
-        i = query_at(wp.tid() * stride + offset, queries)
+        # On the CPU slot `offset % stride` > 0 adds into ref_slots[slot - 1] (slot 0 into d_ref).
+        i, slot = query_at(wp.tid() * stride + offset, queries), offset % stride
         q = query[i]
         dq = V(T(0.0))
         for n in range(idx.shape[1]):
@@ -1380,10 +1380,10 @@ def kernels(scalar: Any) -> Any:
                     v = diff * (grad[i, n] / d)
                     dq += v
                     if need_ref != 0:
-                        if offset == 0:
+                        if slot == 0:
                             wp.atomic_sub(d_ref, int(j), v)
                         else:
-                            wp.atomic_sub(ref_slots, offset - 1, int(j), v)
+                            wp.atomic_sub(ref_slots, slot - 1, int(j), v)
         if need_query != 0:
             d_query[i] = dq
 
@@ -1414,10 +1414,10 @@ def kernels(scalar: Any) -> Any:
         feature_slots4: wp.array3d(dtype=V4),
     ):
         # Same algebra as the radius backward, with the k nearest in place of the ball. On the
-        # CPU thread `offset` adds into the slots `offset - 1` (thread 0 into d_ref, d_features).
+        # CPU slot `offset % stride` > 0 adds into the slots `slot - 1` (slot 0 into d_ref, d_features).
         # The *4 arrays, when not empty, view the same rows as groups of 4 (F % 4 == 0): the
         # feature terms then go 4 at a time.
-        i = query_at(wp.tid() * stride + offset, queries)
+        i, slot = query_at(wp.tid() * stride + offset, queries), offset % stride
         nf = features.shape[1]
         nearest = dist[i, 0]
         total = T(0.0)
@@ -1436,7 +1436,7 @@ def kernels(scalar: Any) -> Any:
                     p = wp.exp((nearest - dist[i, n]) / sigma) * inv
                     if need_features != 0:
                         add_feature_row(
-                            p, i, j, offset, 1, grad, grad4, d_features, d_features4, feature_slots, feature_slots4
+                            p, i, j, slot, 1, grad, grad4, d_features, d_features4, feature_slots, feature_slots4
                         )
                     if need_query != 0 or need_ref != 0:
                         diff = q - ref[j]
@@ -1446,10 +1446,10 @@ def kernels(scalar: Any) -> Any:
                             v = diff * (p * (g_out - g_f) / (sigma * d))
                             dq += v
                             if need_ref != 0:
-                                if offset == 0:
+                                if slot == 0:
                                     wp.atomic_sub(d_ref, j, v)
                                 else:
-                                    wp.atomic_sub(ref_slots, offset - 1, j, v)
+                                    wp.atomic_sub(ref_slots, slot - 1, j, v)
             if need_query != 0:
                 d_query[i] = dq
 
@@ -1491,10 +1491,11 @@ TEAM_ARGS_MAX = 8192  # the largest argument struct a team launch copies per thr
 TEAM_BOUNDS_MAX = 64  # and the largest launch bounds
 
 # The native body of `team_launch`: a GNU OpenMP region (GOMP_parallel, by its address) whose
-# threads run another kernel's compiled CPU entry point over chunks of `chunk` queries, taken
-# in turn (`next`, atomic), or, with `chunk` 0, over the interleaved shares of `slots` scatter
-# slots (slot s: queries s, s + slots, ...; stride `slots`, offset s), so a slot's sums do not
-# depend on which thread runs it. Each thread patches its own copy of the argument struct
+# threads run another kernel's compiled CPU entry point over the `m` queries from `base` on:
+# chunks of `chunk` queries, taken in turn (`next`, atomic), or, with `chunk` 0, the interleaved
+# shares of `slots` scatter slots (slot s: queries base + s, base + s + slots, ...; stride
+# `slots`, offset base + s, with `base` a multiple of `slots`, so the kernel finds its slot as
+# offset % stride), so a slot's sums do not depend on which thread runs it. Each thread patches its own copy of the argument struct
 # (stride and offset) and of the launch bounds (the count). Layouts come from ctypes.
 _TEAM_SNIPPET = r"""
 struct wb_team_job {
@@ -1503,7 +1504,7 @@ struct wb_team_job {
     const char* args;
     const char* bounds;
     long long args_size, bounds_size, stride_at, offset_at, size_at;
-    long long m, chunk, slots, threads, next;
+    long long base, m, chunk, slots, threads, next;
 };
 auto body = [](void* p) {
     wb_team_job* job = (wb_team_job*)p;
@@ -1519,11 +1520,12 @@ auto body = [](void* p) {
             if (s >= job->slots) break;
             count = s < job->m ? (job->m - s + job->slots - 1) / job->slots : 0;
             stride = job->slots;
-            offset = s;
+            offset = job->base + s;
         } else {
             if (s >= (job->m + job->chunk - 1) / job->chunk) break;
             offset = s * job->chunk;
             count = job->m - offset < job->chunk ? job->m - offset : job->chunk;
+            offset += job->base;
             stride = 1;
         }
         if (count == 0) continue;
@@ -1541,7 +1543,7 @@ wb_team_job* team_job = (wb_team_job*)job;
 
 TEAM_JOB = (
     ("gomp_parallel", "forward", "args", "bounds"),  # pointers
-    ("args_size", "bounds_size", "stride_at", "offset_at", "size_at", "m", "chunk", "slots", "threads", "next"),
+    ("args_size", "bounds_size", "stride_at", "offset_at", "size_at", "base", "m", "chunk", "slots", "threads", "next"),
 )
 
 

@@ -7,10 +7,12 @@ calls: the tree travels as plain arrays from the forward to the backward.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -43,6 +45,14 @@ QUERY_ORDER_MIN = 16384
 # The most records (point and index) a CPU thread packs a subtree into (see tree_subtrees):
 # 2**16 (1 MiB in float32) stays in its core's cache.
 ITEMS_ROOM = 1 << 16
+# The most points one CPU thread builds a subtree of in one go: 2**20 take about 0.1 s.
+SUBTREE_MAX = 1 << 20
+# A CPU launch runs in segments of about SEGMENT_SECONDS each, the first FIRST_SEGMENT
+# queries long, the next sized by the time the last took. Python acts on signals between
+# segments, so Ctrl-C stops a long call within about that time; a call of fewer queries is
+# one segment.
+SEGMENT_SECONDS = 0.1
+FIRST_SEGMENT = 1 << 16
 
 
 def set_num_threads(n: int | None) -> None:
@@ -88,51 +98,112 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def launch_queries(
-    kernel: Any, m: int, n_slots: int, before: list, after: list, device: Any, stream: Any, scatter: bool = False
+    kernel: Any,
+    m: int,
+    n_slots: int,
+    before: list,
+    after: list,
+    device: Any,
+    stream: Any,
+    scatter: bool = False,
+    first_segment: int | None = None,
 ) -> None:
     """Launch ``kernel`` over ``m`` queries, with ``before + [stride, offset] + after`` arguments.
 
     On the CPU with ``n_slots`` > 1 threads: a kernel that scatters (``scatter=True``) runs
     ``n_slots`` interleaved shares (slot ``t``: the queries ``t, t + n_slots, ...``, stride
-    ``n_slots``, offset ``t``), a fixed split whichever thread runs it, so sums are
-    deterministic; any other kernel runs contiguous chunks that the threads take in turn,
-    which keeps both cores busy even when one is shared.
+    ``n_slots``, an offset ``t`` modulo ``n_slots``), a fixed split whichever thread runs it,
+    so sums are deterministic; any other kernel runs contiguous chunks that the threads take
+    in turn, which keeps both cores busy even when one is shared. CPU launches go in segments
+    (``segments``), so a long one stays interruptible.
     """
     if m == 0:
         return
     run = _launcher(kernel, before, after, m, device, stream)
-    if n_slots == 1:
+    if not device.is_cpu:
         run(m, 1, 0)
         return
-    chunk = 0 if scatter else max(CHUNK_MIN, -(-m // (n_slots * CHUNKS_PER_THREAD)))
+    first = first_segment or FIRST_SEGMENT
+    if m <= first:
+        _launch_range(run, 0, m, n_slots, scatter)
+        return
+    for start, count in segments(m, n_slots if scatter else 1, first):
+        _launch_range(run, start, count, n_slots, scatter)
+
+
+def segments(m: int, align: int, first: int):
+    """``(start, count)`` ranges that cover ``m`` queries, each ``start`` a multiple of
+    ``align``: ``first`` queries, then each range sized to take about SEGMENT_SECONDS by the
+    time the previous one took (at most 4x longer)."""
+    start, size = 0, first
+    while start < m:
+        count = min(m - start, max(align, size - size % align))
+        began = time.perf_counter()
+        yield start, count
+        took = time.perf_counter() - began
+        start += count
+        size = int(count * min(4.0, SEGMENT_SECONDS / took)) if took > 0 else 4 * count
+
+
+def _launch_range(run: Any, start: int, count: int, n_slots: int, scatter: bool) -> None:
+    """Launch the queries ``start .. start + count`` (``start`` a multiple of ``n_slots`` for
+    a scatter), on ``n_slots`` threads."""
+    if n_slots == 1:
+        run(count, 1, start)
+        return
+    chunk = 0 if scatter else max(CHUNK_MIN, -(-count // (n_slots * CHUNKS_PER_THREAD)))
     team = getattr(run, "team", None)
     if team is not None and _gomp() is not None:
-        team(m, n_slots, chunk)  # on PyTorch's OpenMP workers, no Python between chunks
+        team(start, count, n_slots, chunk)  # on PyTorch's OpenMP workers, no Python between chunks
         return
     if scatter:
 
         def work(thread: int, team: int) -> None:
             for t in range(thread, n_slots, team):
-                run(len(range(t, m, n_slots)), n_slots, t)
+                run(len(range(t, count, n_slots)), n_slots, start + t)
 
     else:
-        chunks = iter(range(0, m, chunk))  # next() is atomic under the GIL
+        chunks = iter(range(start, start + count, chunk))  # next() is atomic under the GIL
 
         def work(thread: int, team: int) -> None:
-            for start in chunks:
-                run(min(chunk, m - start), 1, start)
+            for first in chunks:
+                run(min(chunk, start + count - first), 1, first)
 
     parallel(work, n_slots)
 
 
 def parallel(work: Any, n: int) -> None:
     """Run ``work(thread, team)`` on ``n`` threads of warpbridge's pool, the caller included;
-    re-raise the first error. The launches that cannot go to PyTorch's OpenMP team take this
-    path (see ``_launcher``)."""
-    futures = [_pool().submit(work, t, n) for t in range(1, n)]
-    work(0, n)
+    re-raise the first error, once every thread has stopped (so an interrupt never leaves a
+    thread writing into arrays the caller frees). The launches that cannot go to PyTorch's
+    OpenMP team take this path (see ``_launcher``)."""
+    futures, inline = [], []
+    for t in range(1, n):
+        try:
+            futures.append(_pool().submit(work, t, n))
+        except RuntimeError:  # the interpreter is exiting (JAX finishing a computation at exit)
+            inline.append(t)
+    try:
+        work(0, n)
+        for t in inline:
+            work(t, n)
+    finally:
+        _wait_all(futures)
     for f in futures:
         f.result()
+
+
+def _wait_all(futures: list) -> None:
+    """Wait until every future is done, even through KeyboardInterrupt (re-raised after)."""
+    interrupted = None
+    while True:
+        try:
+            concurrent.futures.wait(futures)
+            break
+        except KeyboardInterrupt as e:
+            interrupted = e
+    if interrupted is not None:
+        raise interrupted
 
 
 _GOMP: list = []  # [library or None, pid], resolved once per process
@@ -202,7 +273,8 @@ class _Direct:
 
 class _Run:
     """One call's launches of a kernel: ``run(count, stride, offset)`` over ``count`` queries on
-    this thread; ``run.team(m, slots, chunk)``, all ``m`` on a team of OpenMP threads."""
+    this thread; ``run.team(start, m, slots, chunk)``, the ``m`` queries from ``start`` on a
+    team of OpenMP threads."""
 
     def __init__(self, direct: _Direct, args: Any, team: tuple | None):
         self.direct, self.args, self.team_launch = direct, args, team
@@ -215,13 +287,13 @@ class _Run:
         setattr(args, d.offset, offset)
         d.forward(ctypes.byref(d.Bounds((count,))), ctypes.byref(args))
 
-    def _team(self, m: int, slots: int, chunk: int) -> None:
+    def _team(self, start: int, m: int, slots: int, chunk: int) -> None:
         d = self.direct
         team_forward, TeamArgs, team_bounds, _ = self.team_launch
         bounds = d.Bounds((m,))
         job = _TeamJob(
             _gomp().wb_parallel, d.entry, ctypes.addressof(self.args), ctypes.addressof(bounds),
-            ctypes.sizeof(d.Args), ctypes.sizeof(bounds), *d.at, m, chunk, slots, slots, 0,
+            ctypes.sizeof(d.Args), ctypes.sizeof(bounds), *d.at, start, m, chunk, slots, slots, 0,
         )  # fmt: skip
         team_forward(ctypes.byref(team_bounds), ctypes.byref(TeamArgs(ctypes.addressof(job))))
 
@@ -232,7 +304,7 @@ _RECORDED: dict = {}
 
 def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, stream: Any):
     """``run(count, stride, offset)``: launch ``kernel`` over ``count`` queries; on the CPU also
-    ``run.team(m, slots, chunk)`` (None where it cannot): all ``m`` queries on a team of
+    ``run.team(start, m, slots, chunk)`` (None where it cannot): ``m`` queries on a team of
     PyTorch's OpenMP threads.
 
     On the CPU the arguments are packed once per call and each launch copies that struct and
@@ -297,8 +369,10 @@ def build_tree(
     if by_sort:
         top = depth
     else:
-        # enough subtrees for every thread (the top splits run one node per thread)
-        top = min(depth, max(0, (get_num_threads() - 1).bit_length())) if n >= 4 * MIN_QUERIES_PER_THREAD else 0
+        # enough subtrees for every thread (the top splits run one node per thread), each of
+        # at most SUBTREE_MAX points (a segment of the launch is one subtree per thread)
+        top = max((get_num_threads() - 1).bit_length(), (-(-n // SUBTREE_MAX) - 1).bit_length())
+        top = min(depth, top) if n >= 4 * MIN_QUERIES_PER_THREAD else 0
     # The copy takes ~2.5 ns a point; a second thread measured 27 -> 20 us at 10^4 points,
     # 0.23 -> 0.12 ms at 10^5.
     launch_queries(k.tree_init, n, threads(device, n // 32), [points], [sorted_points, order], device, stream)
@@ -317,7 +391,7 @@ def build_tree(
                 k.tree_split, width, min(width, _cpu(device)), [*before, width], [], device, stream, scatter=True
             )
     boxes = [lo, hi, min_index]
-    launch_queries(k.tree_subtrees, parts, slots, [*before, parts], boxes, device, stream, scatter=True)
+    launch_queries(k.tree_subtrees, parts, slots, [*before, parts], boxes, device, stream, True, slots)
     for level in reversed(range(top)):
         width = 1 << level
         launch_queries(k.tree_up, width, min(width, _cpu(device)), [width], boxes, device, stream, scatter=True)
