@@ -17,6 +17,9 @@ Python numbers: they are baked into the compiled call.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import ctypes
 import inspect
 import types
 from collections.abc import Sequence
@@ -35,6 +38,34 @@ from .._core.errors import describe, fail
 from .._core.signature import Param
 
 _MAX_CACHED = 256
+
+
+def finish_pending_work() -> None:
+    """Let a process that used warpbridge from JAX exit, whatever JAX still runs.
+
+    Registered with ``atexit`` when this backend loads. JAX dispatches asynchronously, so a
+    script may end while a computation that calls into warpbridge still runs. Python's
+    finalisation would then destroy JAX's client, which joins XLA's threads while one of them
+    waits to enter the interpreter for warpbridge's callback: the process hangs. JAX's own
+    exit wait covers only computations it knows have side effects, which Warp's FFI calls
+    are not (marking them so would make ``jax.checkpoint`` refuse them).
+
+    So: first wait for every result the program still holds (those computations finish), then
+    keep the clients alive past finalisation, so that nothing joins a thread that waits on the
+    interpreter (a computation whose results were dropped is abandoned, as at any exit).
+    """
+    for a in jax.live_arrays():
+        with contextlib.suppress(Exception):  # a failed computation: its error was JAX's to report
+            a.block_until_ready()
+    clients = set()
+    for platform in (None, "cpu"):
+        with contextlib.suppress(Exception):
+            clients.update(d.client for d in jax.devices(platform))
+    for client in clients:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(client))  # never released: the process is ending
+
+
+atexit.register(finish_pending_work)
 
 
 def info(a: Any) -> tuple[str, tuple[int, ...], str]:
