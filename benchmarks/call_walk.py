@@ -54,8 +54,9 @@ def cases() -> dict:
     op(x, y).sum().backward()  # warm
     out = {}
     out["op(x), torch eager, warm"] = walk(lambda: op(x, y))
+    g = torch.ones(64, dtype=torch.float64)
+    op(x, y).backward(g)  # warm, with this gradient's layout
     z = op(x, y)
-    g = torch.ones_like(z)
     out["its .backward()"] = walk(lambda: z.backward(g))
     sizes = iter(range(65, 1000))
 
@@ -70,8 +71,9 @@ def cases() -> dict:
     f = torch.rand(2000, 8, requires_grad=True)
     wb.ops.knn_aggregate(q, r, f, k=7, sigma=0.1).sum().backward()  # warm
     out["wb.ops.knn_aggregate forward, warm"] = walk(lambda: wb.ops.knn_aggregate(q, r, f, k=7, sigma=0.1))
+    gh = torch.ones(500, 8)
+    wb.ops.knn_aggregate(q, r, f, k=7, sigma=0.1).backward(gh)  # warm, with this gradient's layout
     h = wb.ops.knn_aggregate(q, r, f, k=7, sigma=0.1)
-    gh = torch.ones_like(h)
     out["its backward"] = walk(lambda: h.backward(gh))
     return out
 

@@ -24,9 +24,7 @@ MAX_KERNEL_PARAMS = 12
 LONG_FUNCTIONS = {
     "_backends/jax.py:_build": 93,
     "_core/adjoint_check.py:array_accesses": 108,
-    "_core/gradients.py:backward": 86,
     "_core/op.py:op": 108,
-    "_core/op.py:__init__": 82,
     "_core/signature.py:__init__": 122,
     "grad_buffer.py:__init__": 86,
     "ops/_kernels.py:kernels": 1402,

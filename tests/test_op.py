@@ -342,7 +342,7 @@ def test_plan_caches_stay_bounded_when_shapes_keep_changing():
     for n in range(1, _op.MAX_CACHED + 40):
         x = torch.ones(n, dtype=f64)
         assert op(x, x).shape == (n,)
-    assert len(op._plans) <= _op.MAX_CACHED and len(op._state["torch"]["fast"]) <= _op.MAX_CACHED
+    assert len(op._plans) <= _op.MAX_CACHED and len(op.states["torch"]["fast"]) <= _op.MAX_CACHED
 
 
 def test_deepcopy_of_a_model_shares_the_op():

@@ -169,7 +169,7 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
     outs: list[Param] = sig.outputs
     diff = [i for i, p in enumerate(ins) if p.differentiable]
     fouts = [j for j, p in enumerate(outs) if p.carries_grad]
-    saves = _gradients.needs_outputs(op)  # the backward reads the forward's outputs: residuals
+    saves = op.saves_outputs  # the backward reads the forward's outputs: residuals
     # folded (vmap_method="broadcast_all"): the batch sits in the first dim and the dims follow it
     ld = None if fold else launch
     od = None if fold else {p.name: s for p, s in zip(outs, out_shapes)}
@@ -270,7 +270,7 @@ class JaxBackend(Backend):
         return values
 
     def on_backward_attached(self, op: Any) -> None:
-        op._state.pop(self.name, None)  # functions built before now captured the old backward
+        op.states.pop(self.name, None)  # functions built before now captured the old backward
 
 
 BACKEND = JaxBackend()

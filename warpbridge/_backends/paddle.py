@@ -111,7 +111,7 @@ class _Apply(PyLayer):
         outs = _forward(op, pr)
         ctx.op, ctx.pr = op, pr._replace(arrays=[])  # the plan and scalars; tensors are saved below
         ctx.n_inputs = len(tensors)
-        ctx.save_for_backward(*tensors, *(outs if _gradients.needs_outputs(op) else ()))
+        ctx.save_for_backward(*tensors, *(outs if op.saves_outputs else ()))
         ctx.needs = [not t.stop_gradient for t in tensors]
         for o, p in zip(outs, op.sig.outputs):
             if not p.carries_grad:

@@ -24,7 +24,7 @@ class Backend:
     """One framework's side of every call. Subclasses override what their framework needs;
     the defaults here are shared by all of them."""
 
-    name: str = "?"  # the key in _frameworks.ADAPTERS, op._state and plan.cache
+    name: str = "?"  # the key in _frameworks.ADAPTERS, op.states and plan.cache
     array_name: str = "array"  # in messages: "argument 'x' must be a <array_name>"
     default_device: Any = "cpu"  # where an op with no array input runs
 
@@ -117,10 +117,7 @@ class Backend:
 
     def state(self, op: Any) -> dict:
         """This backend's per-op state (caches, registrations): never attributes on the op."""
-        st = op._state.get(self.name)
-        if st is None:
-            st = op._state[self.name] = {}
-        return st
+        return op.states[self.name]
 
     def __repr__(self) -> str:
         return f"<warpbridge backend {self.name}>"

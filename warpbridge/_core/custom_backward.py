@@ -12,13 +12,12 @@ outputs or incoming gradients), and a kernel backward launches through a cached
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import warp as wp
 
 from .errors import WarpBridgeError
-from .plan import Plan
+from .launch_function import new_plan
 from .signature import Param, Signature, bind_generic
 
 
@@ -87,24 +86,19 @@ class CustomBackward:
         # A launch function that declares ``*, needs_input_grad`` gets one bool per adj_ array
         # (the gradients asked for) and may leave the others untouched.
         self.takes_needs = "needs_input_grad" in self.sig.keywords
-        self._plans: dict = {}
 
-    def plan(self, fwd_plan: Any, grad_layouts: Sequence[tuple]) -> Any:
-        """The backward kernel's plan for a forward plan and the incoming gradients' layouts."""
-        key = (id(fwd_plan), tuple(grad_layouts))
-        entry = self._plans.get(key)
-        if entry is None or entry[0] is not fwd_plan:
-            layouts = (
-                tuple(fwd_plan.in_layouts) + tuple(zip(fwd_plan.out_shapes, fwd_plan.out_strides)) + tuple(grad_layouts)
-            )
+    def plan(self, fwd_plan: Any, grad_layouts: tuple) -> Any:
+        """The backward's plan for a forward plan and the incoming gradients' layouts, kept in
+        the forward plan's cache (it lives as long as that plan)."""
+        key = ("backward", grad_layouts)
+        plan = fwd_plan.cache.get(key)
+        if plan is None:
+            layouts = tuple(fwd_plan.in_layouts) + tuple(zip(fwd_plan.out_shapes, fwd_plan.out_strides)) + grad_layouts
             in_shapes = tuple(
                 shape for p, (shape, _) in zip(fwd_plan.sig.array_inputs, fwd_plan.in_layouts) if p.differentiable
             )
-            plan = Plan(self.sig, fwd_plan.device, layouts, fwd_plan.launch_dims, in_shapes)
-            if len(self._plans) >= 256:
-                self._plans.clear()
-            entry = self._plans[key] = (fwd_plan, plan)
-        return entry[1]
+            plan = fwd_plan.cache[key] = new_plan(self.sig, fwd_plan.device, layouts, fwd_plan.launch_dims, in_shapes)
+        return plan
 
 
 class GenericBackward:

@@ -49,20 +49,14 @@ def backward(
     ``private_copy(a)`` and ``ptr(a)``.
     """
     sig = op.sig
-    op.check_gradient(needs)  # rule 7, before anything is launched
+    _check_gradient(op, needs)  # rule 7, before anything is launched
     if op.custom_backward is not None:
         fill = targets if fresh_targets else None  # a custom backward may assign: never into a .grad
         return _custom_backward(op, plan, scalars, arrays, grads, needs, fw, device, stream, outputs, fill)
     direct = [None] * len(arrays) if targets is None else list(targets)
     for k, _ in sig.in_out_pairs:
         direct[k] = None  # its gradient is the in_out output's, worked on in its own buffer
-    in_grads: list = []
-    for p, a, need, v in zip(sig.array_inputs, arrays, needs, direct):
-        if not (need and p.differentiable) or v is not None:
-            in_grads.append(None)
-        else:
-            dtype_name, shape, *_ = fw.meta(a)
-            in_grads.append(fw.zeros(shape, dtype_name, device))
+    in_grads = _fresh_gradients(sig, arrays, needs, direct, fw, device)
     if all(g is None for g in in_grads) and all(v is None for v in direct):
         return in_grads
     out_grads, keep, out_ptrs = [], [], []
@@ -71,7 +65,7 @@ def backward(
     # there. It gets a private copy (the framework's saved outputs, or a replay of the
     # forward); outputs it never reads need no memory at all.
     values = None
-    if sig.kind == "function" and recording is None:  # scratch outputs: the tape re-runs the function into them
+    if plan.allocates and recording is None:  # scratch outputs: the tape re-runs the function into them
         values = plan.zeroed_outputs(fw, device)
     elif sig.reads_outputs:
         if outputs is not None:
@@ -107,6 +101,29 @@ def backward(
     return in_grads
 
 
+def _check_gradient(op: Any, needs: Sequence[bool]) -> None:
+    """``op.check_gradient`` (rule 7), once per pattern of gradients asked for: its verdict
+    depends only on the op."""
+    asked = tuple(needs)
+    if asked not in op.trusted_needs:
+        op.check_gradient(asked)
+        op.trusted_needs.add(asked)
+
+
+def _fresh_gradients(
+    sig: Any, arrays: Sequence[Any], needs: Sequence[bool], direct: list, fw: Any, device: Any
+) -> list:
+    """A zeroed gradient per array input asked for that no ``direct`` target receives (rule 3)."""
+    in_grads: list = []
+    for p, a, need, v in zip(sig.array_inputs, arrays, needs, direct):
+        if not (need and p.differentiable) or v is not None:
+            in_grads.append(None)
+        else:
+            dtype_name, shape, *_ = fw.meta(a)
+            in_grads.append(fw.zeros(shape, dtype_name, device))
+    return in_grads
+
+
 def _copy_into(fw: Any, dst: Any, src: Any) -> None:
     """Copy framework array ``src`` into ``dst`` (same shape and dtype) through Warp views."""
     views = []
@@ -130,7 +147,7 @@ def _output_grad(fw: Any, p: Param, shape: tuple, g: Any, device: Any, private: 
         g = fw.zeros(shape + p.inner_shape, p.dtype_name, device)
     else:
         _, gshape, gstrides, _, _ = fw.meta(g)
-        if private or not inner_contiguous(p, gshape, gstrides):
+        if private or (p.inner_shape and not inner_contiguous(p, gshape, gstrides)):
             g = fw.private_copy(g)
     _, _, gstrides, itemsize, _ = fw.meta(g)
     return g, (fw.ptr(g), tuple(s * itemsize for s in gstrides[: p.ndim]))
@@ -183,7 +200,7 @@ def _custom_backward(
         if p.differentiable:
             dtype_name, shape, *_ = fw.meta(a)
             in_grads.append(t if t is not None else fw.zeros(shape, dtype_name, device))
-    bplan = cb.plan(plan, g_layouts)
+    bplan = plan.cache.get(("backward", g_layouts := tuple(g_layouts))) or cb.plan(plan, g_layouts)
     b_ins = ins + [fw.ptr(o) for o in outputs] + g_ptrs
     b_outs = [fw.ptr(g) for g in in_grads]
     keywords = None

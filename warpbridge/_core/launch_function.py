@@ -1,24 +1,60 @@
 """Launch functions (the ``jax_callable`` convention): run on foreign buffers, taped when a
-gradient may follow, and differentiated through that recording (or a taped re-run)."""
+gradient may follow, and differentiated through that recording (or a taped re-run). Their
+plan kind, :class:`FunctionPlan`, and ``new_plan``, the one place a call is told a kernel
+from a launch function."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import sys
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import warp as wp
 
 from . import adjoint_check as _adjoint
 from .errors import WarpBridgeError, fail
-from .signature import Param
+from .plan import KernelPlan, Plan, host_bytes
+from .signature import Param, Signature
 from .warp_runtime import LOAD_LOCK, KeepingTape, RecordedLaunch, recorded_kernels, tape_launches
 
-if TYPE_CHECKING:
-    from .plan import Plan
+
+class FunctionPlan(Plan):
+    """A launch function's plan: it runs the function on Warp views of the buffers (taped when
+    asked) and differentiates through that recording, or through a taped re-run."""
+
+    allocates = True
+
+    def __init__(self, sig: Signature, device: Any, in_layouts, launch, out_shapes, debug: bool = False):
+        super().__init__(sig, device, in_layouts, launch, out_shapes)
+        self.warm = [False, False]  # the forward / backward has run once (its modules are loaded)
+
+    def run(
+        self,
+        in_ptrs: Sequence[int],
+        scalars: Sequence[Any],
+        out_ptrs: Sequence[int],
+        stream: Any = None,
+        keywords: dict | None = None,
+        record: bool = False,
+    ) -> Recording | None:
+        return run_function(self, in_ptrs, scalars, out_ptrs, stream, keywords, record)
+
+    def run_adjoint(
+        self, op: Any, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream: Any = None, recording: Any = None
+    ) -> None:
+        """Back-propagate the forward's recording, or (none kept) a taped re-run."""
+        if recording is not None:
+            run_recorded_adjoint(op, recording, in_grad_ptrs, out_grads, stream)
+        else:
+            run_function_adjoint(op, self, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream)
+
+
+def new_plan(sig: Signature, device: Any, in_layouts, launch, out_shapes, debug: bool = False) -> Plan:
+    """The plan of a call with these layouts and dims: a kernel's or a launch function's."""
+    kind = KernelPlan if sig.kind == "kernel" else FunctionPlan
+    return kind(sig, device, in_layouts, launch, out_shapes, debug)
 
 
 def _wrap(p: Param, device: Any, ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
@@ -104,12 +140,6 @@ def _check_copies(plan: Plan, originals: list, copies: list) -> None:
 
 def _same_bytes(a: Any, b: Any) -> bool:
     return a.size == 0 or host_bytes(a) == host_bytes(b)
-
-
-def host_bytes(a: Any) -> bytes:
-    """The bytes of Warp array ``a``'s elements, packed, read on the host."""
-    packed = wp.clone(a, device="cpu", requires_grad=False)
-    return ctypes.string_at(packed.ptr, packed.size * wp.types.type_size_in_bytes(packed.dtype))
 
 
 def _input_written(op_name: str, func: Any, names: Sequence[str], kernel: str = "") -> WarpBridgeError:

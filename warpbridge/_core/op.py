@@ -12,6 +12,7 @@ import pickle
 import re
 import threading
 import weakref
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, overload
 
@@ -20,6 +21,8 @@ import warp as wp
 from .._backends import registry as _frameworks
 from . import adjoint_check as _adjoint
 from . import custom_backward as _backward
+from . import gradients as _gradients
+from . import launch_function as _functions
 from . import plan as _plan
 from . import validate as _validate
 from . import warp_runtime
@@ -69,6 +72,7 @@ class WarpOp:
             raise fail(name, f"debug must be a bool, got {debug!r}")
         self.debug = debug or os.environ.get("WARPBRIDGE_DEBUG", "") not in ("", "0")
         self.custom_backward: _backward.CustomBackward | None = None
+        self.saves_outputs = self.keeps_tape = False  # set by _set_backward
         if not _DEFERRED_INIT:
             warp_runtime.ensure_init()  # the caller may go on with Warp calls that need the runtime
         self.name = name
@@ -82,7 +86,11 @@ class WarpOp:
         self._packers = tuple(_validate.make_scalar_packer(name, p) for p in self.sig.inputs if not p.is_array)
         self._scalar_packers = tuple(zip(self._packers, (p.position for p in self.sig.inputs if not p.is_array)))
         self._plans: dict[Any, _plan.Plan] = {}
-        self._state: dict[str, dict] = {}  # per backend: its caches and registrations (Backend.state)
+        self.states: defaultdict[str, dict] = defaultdict(dict)  # per backend: caches, registrations
+        # What every call reads, derived once: the array inputs that take gradients, the
+        # outputs that carry them (set_backward derives the rest)
+        self.differentiable_arrays = tuple(k for k, p in enumerate(self.sig.array_inputs) if p.differentiable)
+        self.float_outputs = tuple(p.carries_grad for p in self.sig.outputs)
         self._array_positions = tuple(p.position for p in self.sig.array_inputs)
         self._dims_from_inputs = callable(self.output_dims)
         self._indexed = tuple(p for p in self.sig.inputs if p.indexed)
@@ -90,24 +98,8 @@ class WarpOp:
         self._lock = threading.Lock()
         self.__doc__ = getattr(fn, "__doc__", None) or f"warpbridge op wrapping {name}."
         self.__wrapped__ = fn
-        self._options = dict(
-            num_outputs=num_outputs,
-            launch_dims=self.launch_dims,
-            output_dims=self.output_dims,
-            name=name if explicit else None,
-            vmap_method=vmap_method,
-            trust_adjoint=self.trust_adjoint,
-        )
-        if recompute:
-            self._options["recompute"] = True
-        if debug:
-            self._options["debug"] = True
-        if outputs is not None:
-            self._options["outputs"] = tuple(p.name for p in self.sig.outputs if not p.in_out)
-        if self.sig.in_out_pairs:
-            self._options["in_out"] = tuple(p.name for p in self.sig.outputs if p.in_out)
-        if self.sig.visible != tuple(range(len(self.sig.outputs))):
-            self._options["aux"] = tuple(p.name for p in self.sig.outputs if p.aux)
+        self._options = self._options_given(num_outputs, explicit, vmap_method, recompute, debug, outputs)
+        self._set_backward(None)
         if backward is not None:
             self.backward(backward)
         # The registered torch op's name: the given name, or the wrapped callable's module and
@@ -120,11 +112,42 @@ class WarpOp:
         for backend in _frameworks.loaded():
             backend.on_new_op(self)  # e.g. a registration that cannot happen while tracing
 
-    @property
-    def keeps_tape(self) -> bool:
-        """Whether a differentiable call keeps its forward's tape for the backward (a launch
-        function with Warp's adjoint, made without ``recompute=True``)."""
-        return self.sig.kind == "function" and self.custom_backward is None and not self._options.get("recompute")
+    def _options_given(
+        self, num_outputs: int, explicit: bool, vmap_method: str, recompute: bool, debug: bool, outputs: Any
+    ) -> dict:
+        """The options the op was made with, as ``wb.op`` takes them (the defaults left out):
+        they name its registration and rebuild it when unpickled."""
+        sig = self.sig
+        options = dict(
+            num_outputs=num_outputs,
+            launch_dims=self.launch_dims,
+            output_dims=self.output_dims,
+            name=self.name if explicit else None,
+            vmap_method=vmap_method,
+            trust_adjoint=self.trust_adjoint,
+        )
+        if recompute:
+            options["recompute"] = True
+        if debug:
+            options["debug"] = True
+        if outputs is not None:
+            options["outputs"] = tuple(p.name for p in sig.outputs if not p.in_out)
+        if sig.in_out_pairs:
+            options["in_out"] = tuple(p.name for p in sig.outputs if p.in_out)
+        if sig.visible != tuple(range(len(sig.outputs))):
+            options["aux"] = tuple(p.name for p in sig.outputs if p.aux)
+        return options
+
+    def _set_backward(self, custom: Any) -> None:
+        """Attach ``custom`` (a CustomBackward, or None: Warp's adjoint) and derive what the
+        call path reads on every call: whether the backward reads the forward's outputs
+        (``saves_outputs``: a framework saves them) and whether a differentiable call keeps its
+        forward's tape for the backward (``keeps_tape``: a launch function with Warp's adjoint,
+        made without ``recompute=True``)."""
+        self.custom_backward = custom
+        self.trusted_needs: set = set()  # the needs_input_grad patterns check_gradient passed
+        self.saves_outputs = _gradients.needs_outputs(self)
+        self.keeps_tape = self.sig.kind == "function" and custom is None and not self._options.get("recompute")
 
     @property
     def fn(self) -> Any:
@@ -160,9 +183,9 @@ class WarpOp:
             backend.on_backward_attached(self)  # may refuse; drops what captured the old backward
         if self.generic:
             self._instances.clear()  # made with the old backward (none)
-            self.custom_backward = _backward.GenericBackward(self, fn)
+            self._set_backward(_backward.GenericBackward(self, fn))
             return fn
-        self.custom_backward = _backward.CustomBackward(self, fn)
+        self._set_backward(_backward.CustomBackward(self, fn))
         return fn
 
     def check_gradient(self, needs: Any = None) -> None:
@@ -393,7 +416,7 @@ class WarpOp:
         plan = self._plans.get(key)
         if plan is None:
             _validate.check_bounds(self.name, self.sig, layouts, launch, out_shapes)
-            plan = _plan.Plan(self.sig, device, layouts, launch, out_shapes, debug=self.debug)
+            plan = _functions.new_plan(self.sig, device, layouts, launch, out_shapes, debug=self.debug)
             if len(self._plans) >= MAX_CACHED:
                 self._plans.clear()
             self._plans[key] = plan

@@ -1,10 +1,13 @@
-"""Launch plans: a kernel's argument struct recorded once per (device, layouts, dims) and
-called directly on the CPU, or through ``wp.launch`` elsewhere; Warp's initialisation.
+"""Launch plans: what one call of an op needs once its layouts and dims are known.
 
-A plan depends only on the kernel and on shapes, never on data pointers: memory is reused for
-other shapes and dtypes. The rest of a call lives next door: validation and dims in
-``_validate``, launch functions and their tapes in ``_functions``, the gradient rules in
-``_gradients``.
+Two kinds behind one interface (``run``, ``run_adjoint``), chosen once per plan by
+``launch_function.new_plan``: :class:`KernelPlan` here, a kernel's argument struct recorded
+once per (device, layouts, dims) and called directly on the CPU, or through ``wp.launch``
+elsewhere; ``launch_function.FunctionPlan``, a launch function run on views of the buffers.
+
+A plan depends only on the callable and on shapes, never on data pointers: memory is reused
+for other shapes and dtypes. The rest of a call lives next door: validation and dims in
+``validate``, the gradient rules in ``gradients``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from typing import Any
 
 import warp as wp
 
-from . import launch_function as _functions
 from .errors import fail
 from .signature import STRUCT, Param, Signature
 from .validate import _HALF_BITS, contiguous_strides, itemsize
@@ -35,17 +37,14 @@ def _descriptor(ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
 
 
 class Plan:
-    """Launch state for one kernel, device and set of input layouts / dims.
+    """What every plan holds for one callable, device and set of input layouts / dims."""
 
-    On the CPU the compiled forward and backward entry points are called directly with a
-    ctypes argument struct copied from a template that already holds every shape and
-    stride, so a call only writes data pointers and scalars (~1.5 us). Elsewhere (CUDA,
-    CPU tile kernels) the launch goes through ``wp.launch`` on the caller's stream.
-    """
+    # Whether the callable allocates Warp arrays of its own (a launch function; a framework
+    # lends its memory pool), and whether its adjoint re-runs it into scratch outputs
+    allocates = False
 
-    def __init__(self, sig: Signature, device: Any, in_layouts, launch, out_shapes, debug: bool = False):
+    def __init__(self, sig: Signature, device: Any, in_layouts, launch, out_shapes):
         self.sig = sig
-        self.check_indices = debug and bool(sig.kind == "kernel" and sig.index_uses)
         self.device = device
         self.launch_dims = launch
         self.out_shapes = out_shapes  # Warp shapes
@@ -58,10 +57,47 @@ class Plan:
             for p, (shape, _) in zip(sig.array_inputs, in_layouts)
         )
         self.in_layouts = in_layouts
-        self.cache: dict = {}  # per backend: what it derives once per plan (output allocations)
-        self.warm = [False, False]  # functions: the forward / backward has run once (modules loaded)
-        if sig.kind != "kernel" or self.size == 0:
-            return  # functions launch their own kernels; empty launches launch nothing
+        # what is derived once per plan: per backend (output allocations), the custom backward's plans
+        self.cache: dict = {}
+
+    def zeroed_outputs(self, fw: Any, device: Any) -> list:
+        """The outputs (full shapes, vector/matrix dims included), zeroed by backend ``fw``."""
+        return [fw.zeros(s + p.inner_shape, p.dtype_name, device) for p, s in zip(self.sig.outputs, self.out_shapes)]
+
+    def run(
+        self,
+        in_ptrs: Sequence[int],
+        scalars: Sequence[Any],
+        out_ptrs: Sequence[int],
+        stream: Any = None,
+        keywords: dict | None = None,
+        record: bool = False,
+    ) -> Any:
+        """The forward into outputs the caller allocated; with ``record``, a launch function's
+        run is taped and its recording returned, for ``run_adjoint``."""
+        raise NotImplementedError
+
+    def run_adjoint(
+        self, op: Any, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream: Any = None, recording: Any = None
+    ) -> None:
+        """Warp's adjoint of the forward, accumulating into the input gradient buffers."""
+        raise NotImplementedError
+
+
+class KernelPlan(Plan):
+    """A kernel's plan.
+
+    On the CPU the compiled forward and backward entry points are called directly with a
+    ctypes argument struct copied from a template that already holds every shape and
+    stride, so a call only writes data pointers and scalars (~1.5 us). Elsewhere (CUDA,
+    CPU tile kernels) the launch goes through ``wp.launch`` on the caller's stream.
+    """
+
+    def __init__(self, sig: Signature, device: Any, in_layouts, launch, out_shapes, debug: bool = False):
+        super().__init__(sig, device, in_layouts, launch, out_shapes)
+        self.check_indices = debug and bool(sig.index_uses)
+        if self.size == 0:
+            return  # an empty launch launches nothing
         kernel = sig.kernel
         layouts = dict(zip((p.name for p in sig.array_inputs), in_layouts))
         layouts.update((p.name, (s, st)) for p, s, st in zip(sig.outputs, out_shapes, self.out_strides))
@@ -89,10 +125,6 @@ class Plan:
         self._bounds_ref = ctypes.byref(self.bounds)  # byref keeps self.bounds alive
         self._forward = self.hooks.forward
 
-    def zeroed_outputs(self, fw: Any, device: Any) -> list:
-        """The outputs (full shapes, vector/matrix dims included), zeroed by backend ``fw``."""
-        return [fw.zeros(s + p.inner_shape, p.dtype_name, device) for p, s in zip(self.sig.outputs, self.out_shapes)]
-
     def run(
         self,
         in_ptrs: Sequence[int],
@@ -101,33 +133,9 @@ class Plan:
         stream: Any = None,
         keywords: dict | None = None,
         record: bool = False,
-    ) -> Any:
-        """The forward: the kernel, or the launch function, into outputs the caller allocated.
-        (The one place a call branches on kernel or function; ``keywords`` go to functions.)
-        With ``record``, a launch function's run is taped and its recording returned, for
-        ``run_adjoint``; a kernel records nothing (its adjoint needs only its arguments)."""
-        if self.sig.kind == "kernel":
-            self.forward(in_ptrs, scalars, out_ptrs, stream)
-            return None
-        return _functions.run_function(self, in_ptrs, scalars, out_ptrs, stream, keywords, record)
-
-    def run_adjoint(
-        self, op: Any, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream: Any = None, recording: Any = None
-    ) -> None:
-        """Warp's adjoint of the forward: the kernel's, the launch function's recorded tape, or
-        (with no recording) the function re-run under a fresh tape."""
-        if self.sig.kind == "kernel":
-            self.adjoint(in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream)
-        elif recording is not None:
-            _functions.run_recorded_adjoint(op, recording, in_grad_ptrs, out_grads, stream)
-        else:
-            _functions.run_function_adjoint(op, self, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream)
-
-    def forward(
-        self, in_ptrs: Sequence[int], scalars: Sequence[Any], out_ptrs: Sequence[int], stream: Any = None
     ) -> None:
         """Launch the forward kernel. ``scalars`` are already packed. An in_out output starts as
-        a copy of its input."""
+        a copy of its input. A kernel records nothing (its adjoint needs only its arguments)."""
         if self.check_indices:
             self._check_indices(in_ptrs)
         for k, j in self.sig.in_out_pairs:
@@ -142,14 +150,16 @@ class Plan:
             values = self._launch_values(args)
             wp.launch(self.sig.kernel, dim=self.launch_dims, inputs=values, device=self.device, stream=stream)
 
-    def adjoint(
+    def run_adjoint(
         self,
+        op: Any,
         in_ptrs: Sequence[int],
         scalars: Sequence[Any],
         out_ptrs: Sequence[int],
         in_grad_ptrs: Sequence[int],
         out_grads: Sequence[tuple[int, tuple[int, ...]]],
         stream: Any = None,
+        recording: Any = None,
     ) -> None:
         """Launch the adjoint kernel, accumulating into the input gradient buffers.
 
@@ -230,7 +240,7 @@ class Plan:
         if not math.prod(shape):
             return memoryview(b"").cast("B")
         view = wp.array(ptr=ptr, dtype=p.wp_type.dtype, shape=shape, strides=strides, device=self.device)
-        return memoryview(_functions.host_bytes(view)).cast(_INT_FORMATS[p.dtype_name])
+        return memoryview(host_bytes(view)).cast(_INT_FORMATS[p.dtype_name])
 
     def _seed(self, k: int, j: int, in_ptr: int, out_ptr: int, stream: Any) -> None:
         """Copy array input ``k`` into output ``j`` (Warp views over both buffers)."""
@@ -263,6 +273,12 @@ class Plan:
                 v = p.wp_type(_HALF_BITS[p.dtype_name][1](v))  # the field holds raw bits
             values.append(v)
         return values
+
+
+def host_bytes(a: Any) -> bytes:
+    """The bytes of Warp array ``a``'s elements, packed, read on the host."""
+    packed = wp.clone(a, device="cpu", requires_grad=False)
+    return ctypes.string_at(packed.ptr, packed.size * wp.types.type_size_in_bytes(packed.dtype))
 
 
 def _indexed(p: Param, ptr: int, shape: Sequence[int], strides: Sequence[int], device: Any) -> Any:

@@ -55,24 +55,18 @@ class Param:
     indexed: bool = False  # a wp.indexedarray input: called with an array or (values, indices...)
     slot: int = -1  # the kernel's parameter index (an input's ``position`` is its argument index)
     in_out: bool = False  # an output that starts as the input of the same name (``in_out=``)
+    # Derived from the fields above (plain attributes: the call path reads them on every call)
+    is_float: bool = dataclasses.field(init=False)
+    carries_grad: bool = dataclasses.field(init=False)  # an output that receives a gradient: float, not aux
+    differentiable: bool = dataclasses.field(init=False)  # rule 6: floating arrays; not integers, not scalars
+    tensor_ndim: int = dataclasses.field(init=False)  # the array's rank with its vector/matrix dims
 
-    @property
-    def is_float(self) -> bool:
-        return self.dtype_name in _FLOAT_NAMES
-
-    @property
-    def carries_grad(self) -> bool:
-        """An output that receives a gradient: floating-point and not auxiliary."""
-        return self.is_float and not self.aux
-
-    @property
-    def differentiable(self) -> bool:
-        """Rule 6: floating arrays are differentiable; integer arrays and scalars are not."""
-        return self.is_array and self.is_float
-
-    @property
-    def tensor_ndim(self) -> int:
-        return self.ndim + len(self.inner_shape)
+    def __post_init__(self) -> None:
+        is_float = self.dtype_name in _FLOAT_NAMES
+        object.__setattr__(self, "is_float", is_float)
+        object.__setattr__(self, "carries_grad", is_float and not self.aux)
+        object.__setattr__(self, "differentiable", self.is_array and is_float)
+        object.__setattr__(self, "tensor_ndim", self.ndim + len(self.inner_shape))
 
     def describe_type(self) -> str:
         if self.dtype_name == STRUCT:

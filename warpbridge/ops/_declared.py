@@ -43,8 +43,10 @@ TREE = ("order", "sorted_points", "lo", "hi", "min_index")
 
 
 def tree_dims(n: int) -> dict:
-    """Warp shapes of the kd-tree's arrays over ``n`` points (see ``_kernels``)."""
-    nodes = _kernels.tree_nodes(n)
+    """Warp shapes of the kd-tree's arrays over ``n`` points (see ``_kernels``): the node
+    arrays hold ``2 << depth`` entries (index 0 unused), ``depth`` the fewest levels below the
+    root that leave at most LEAF_SIZE points per leaf."""
+    nodes = 2 << max(0, (-(-n // _kernels.LEAF_SIZE) - 1).bit_length())
     return {"order": (n,), "sorted_points": (n,), "lo": (nodes,), "hi": (nodes,), "min_index": (nodes,)}
 
 

@@ -65,16 +65,6 @@ MORTON_LAST = (1 << (3 * MORTON_BITS)) - 1  # the largest code, for queries that
 MORTON_SAMPLE = 64  # reference points sampled for the box the cells split (query_box)
 
 
-def tree_depth(n: int) -> int:
-    """Levels below the root: the fewest that leave at most LEAF_SIZE points per leaf."""
-    return max(0, (-(-n // LEAF_SIZE) - 1).bit_length())
-
-
-def tree_nodes(n: int) -> int:
-    """Length of the node arrays (index 0 is unused)."""
-    return 2 << tree_depth(n)
-
-
 @functools.cache
 def kernels(scalar: Any) -> Any:
     """All point kernels for one float type (wp.float32 or wp.float64), in one module."""

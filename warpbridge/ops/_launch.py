@@ -352,7 +352,7 @@ def build_tree(
 ) -> None:
     """Build the kd-tree over ``points`` (see ``_kernels``) into ``tree`` = (order (N,) int32,
     sorted points (N,) vec3, box lo (nodes,) vec3, box hi (nodes,) vec3, min index (nodes,)
-    int32), with ``nodes = tree_nodes(N)``.
+    int32), with ``nodes`` as ``_declared.tree_dims`` gives.
 
     On the CPU the top levels are split one level per launch (the threads share a level's
     nodes); below, one thread builds each subtree down to its leaves and back up, from nodes

@@ -48,9 +48,7 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
 
 def _eager(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     c, tensors = _core.prepare_cached(op, args, launch_dims, output_dims)
-    needs = torch.is_grad_enabled() and any(
-        t.requires_grad for p, t in zip(op.sig.array_inputs, tensors) if p.differentiable
-    )
+    needs = torch.is_grad_enabled() and any([tensors[k].requires_grad for k in op.differentiable_arrays])
     if needs:
         direct = _direct_buffers(tensors) if _grad_buffer._MANAGED else None
         outs = _Apply.apply(c, direct, *tensors)
@@ -130,9 +128,9 @@ class _Apply(torch.autograd.Function):
         # The forward's outputs, where the backward reads them (a custom backward, a kernel
         # that reads its outputs, a kept tape): saved, so no replay, their memory lives, and the
         # version counter guards them.
-        keep_outputs = _core.needs_outputs(c.op) or ctx.recording is not None
+        keep_outputs = c.op.saves_outputs or ctx.recording is not None
         ctx.save_for_backward(*tensors, *(outs if keep_outputs else ()))
-        for o, is_float in zip(outs, _core.float_outputs(c.op)):
+        for o, is_float in zip(outs, c.op.float_outputs):
             if not is_float:
                 ctx.mark_non_differentiable(o)
         # Outputs no gradient reached (auxiliary and integer ones included) arrive as None:
@@ -190,7 +188,7 @@ class TorchBackend(_core._Torch):
             _library.registered(op)
 
     def on_backward_attached(self, op: Any) -> None:
-        if op._state.get("torch", {}).get("shared"):
+        if op.states["torch"].get("shared"):
             raise fail(
                 op.name,
                 "this op shares its registered custom op with another op object made from the same kernel; "

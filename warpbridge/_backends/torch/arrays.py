@@ -38,6 +38,7 @@ TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
 _validate.SYMBOLIC_DIMS.add(torch.SymInt)  # sizes under torch.compile(dynamic=True)
 
 _NO_SCOPE = contextlib.nullcontext()
+_NO_CALLS: dict = {}
 _devices: dict[torch.device, Any] = {}
 _streams: dict[int, Any] = {}
 
@@ -155,8 +156,7 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
             )
             if op._dims_from_inputs or callable(output_dims):  # output shapes may depend on the scalars too
                 key += tuple([args[i] for _, i in op._scalar_packers])
-            fast = _fast(op)
-            entry = fast.get(key)
+            entry = op.states["torch"].get("fast", _NO_CALLS).get(key)
         except (AttributeError, TypeError, RuntimeError):  # RuntimeError: a sparse tensor has no strides
             key = entry = None
         if entry is not None:
@@ -171,7 +171,7 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
         key = None
     c, tensors = prepare(op, args, launch_dims, output_dims)
     if key is not None and all(t is args[i] for t, i in zip(tensors, positions)):
-        fast = _fast(op)
+        fast = op.states["torch"].setdefault("fast", {})  # the op's validated calls by tensor layout
         if len(fast) >= _op.MAX_CACHED:
             fast.clear()
         fast[key] = (c.plan, c.device)
@@ -180,16 +180,7 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
 
 def state(op: WarpOp) -> dict:
     """This backend's state on ``op`` (Backend.state): its validated calls, its custom op."""
-    return _ARRAYS.state(op)
-
-
-def _fast(op: WarpOp) -> dict:
-    """The op's validated calls by tensor layout."""
-    st = state(op)
-    fast = st.get("fast")
-    if fast is None:
-        fast = st["fast"] = {}
-    return fast
+    return op.states["torch"]
 
 
 def forward(call: Call, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -208,10 +199,10 @@ def _forward(call: Call, tensors: Sequence[torch.Tensor], record: bool) -> tuple
     ins = [t.data_ptr() for t in tensors]
     out_ptrs = [o.data_ptr() for o in outs]
     stream = None if device.type == "cpu" else warp_stream(device)
-    if plan.sig.kind == "kernel":
-        plan.forward(ins, call.scalars, out_ptrs, stream)
-        return outs, None
-    with _pool.scope(device, plan.device):  # a launch function's own Warp allocations
+    if not plan.allocates:
+        return outs, plan.run(ins, call.scalars, out_ptrs, stream)
+    # a launch function's own Warp allocations (on the CPU, Warp's own allocator)
+    with _NO_SCOPE if stream is None else _pool.scope(device, plan.device):
         return outs, plan.run(ins, call.scalars, out_ptrs, stream, record=record)
 
 
@@ -239,7 +230,7 @@ def backward(
     input's gradient is returned as None (direct write).
     """
     stream = warp_stream(call.device)
-    with _pool.scope(call.device, call.plan.device) if call.plan.sig.kind == "function" else _NO_SCOPE:
+    with _pool.scope(call.device, call.plan.device) if call.plan.allocates and stream is not None else _NO_SCOPE:
         return _gradients.backward(
             call.op, call.plan, call.scalars, tensors, grads, needs, _Torch, call.device, stream, targets, outputs,
             recording=recording,
@@ -256,10 +247,3 @@ def refuse_second_order(name: str) -> None:
             "create_graph=True) would need the gradient of Warp's adjoint, which warpbridge cannot provide. "
             "Differentiate once (without create_graph), or take finite differences of the gradient",
         )
-
-
-needs_outputs = _gradients.needs_outputs
-
-
-def float_outputs(op: WarpOp) -> tuple[bool, ...]:
-    return tuple(p.carries_grad for p in op.sig.outputs)

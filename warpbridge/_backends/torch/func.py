@@ -26,10 +26,8 @@ import torch
 
 from ..._core.errors import fail
 
-
-def active() -> bool:
-    """Whether a torch.func transform (vmap, grad, vjp, jacrev, ...) is running."""
-    return torch._C._are_functorch_transforms_active()
+# Whether a torch.func transform (vmap, grad, vjp, jacrev, ...) is running
+active = torch._C._are_functorch_transforms_active
 
 
 class Rule:
@@ -220,8 +218,8 @@ class OpRule(Rule):
         for i in op._array_positions:
             self.args[i] = None  # the tensors travel through the Functions, not in the rule
         self.ld, self.od = launch_dims, output_dims
-        self.float_outputs = _core.float_outputs(op)
-        self.save_outputs = _core.needs_outputs(op)  # a custom backward reads them: saved, not replayed
+        self.float_outputs = op.float_outputs
+        self.save_outputs = op.saves_outputs  # a custom backward reads them: saved, not replayed
 
     def _args(self, tensors: Sequence[torch.Tensor]) -> list:
         args = list(self.args)

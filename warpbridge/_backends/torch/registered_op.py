@@ -174,7 +174,7 @@ def _register(op: WarpOp, name: str) -> Any:
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         inputs = tuple(inputs) + (None,) * (n_args - len(inputs))
         outs = output if isinstance(output, tuple) else (output,)
-        ctx.n_outputs = len(outs) if _core.needs_outputs(op) else 0
+        ctx.n_outputs = len(outs) if op.saves_outputs else 0
         saved_outs = outs if ctx.n_outputs else ()
         ctx.save_for_backward(*[inputs[p.position] for p in sig.array_inputs], *saved_outs)
         ctx.rest = [None if p.is_array else inputs[p.position] for p in sig.inputs] + list(inputs[n_in:])
