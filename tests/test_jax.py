@@ -225,3 +225,26 @@ def test_in_out_and_outputs_anywhere_match_torch():
     check_grads(lambda x, v: op(jnp.asarray(x), jnp.asarray(v), js[2], 0.01), (js[0], js[1]), order=1, modes=["rev"])
     mid = wb.op(R.output_in_the_middle, outputs=("y",))
     check_grads(lambda x: mid(x, 2.0), (js[0][:, 0],), order=1, modes=["rev"])
+
+
+def test_a_jitted_step_validates_its_callbacks_once(monkeypatch):
+    """The arguments are validated when the call is traced; the callbacks, which see the same
+    layouts on every run, prepare each layout once, and later runs launch straight away."""
+    from warpbridge._core import validate
+
+    op = wb.op(K.mul64)  # z = sin(x) * y
+    step = jax.jit(jax.grad(lambda a, b: jnp.sum(op(a, b) ** 2)))
+
+    def expected(x, y):
+        return 2 * np.sin(x) * np.cos(x) * y**2
+
+    y = rng(1).standard_normal(6)
+    x0 = rng().standard_normal(6)
+    np.testing.assert_allclose(np.asarray(step(jnp.asarray(x0), jnp.asarray(y))), expected(x0, y))
+    calls = []
+    real = validate.prepare
+    monkeypatch.setattr(validate, "prepare", lambda *a, **k: calls.append(a[0].name) or real(*a, **k))
+    for seed in range(3):
+        x = rng(seed + 5).standard_normal(6)
+        np.testing.assert_allclose(np.asarray(step(jnp.asarray(x), jnp.asarray(y))), expected(x, y))
+    assert calls == []

@@ -174,9 +174,21 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
     ld = None if fold else launch
     od = None if fold else {p.name: s for p, s in zip(outs, out_shapes)}
     state = types.SimpleNamespace(warm=[False, False])  # first runs load modules: under the lock
+    validated: dict = {}  # the callbacks' array layouts -> their validated call (plan, scalars, device)
 
     def prepared(a_in: Sequence[wp.array]) -> _validate.Prepared:
-        return _validate.prepare(op, _merge(sig, list(a_in), scalars), ld, od, _WARP)
+        """The call on the callback's arrays. The arguments were validated when the call was
+        traced, and a callback's layouts repeat on every run: each layout is prepared once."""
+        key = tuple([(a.shape, a.strides, a.dtype) for a in a_in])
+        hit = validated.get(key)
+        if hit is not None:
+            return _validate.Prepared(hit[0], hit[1], list(a_in), hit[2])
+        pr = _validate.prepare(op, _merge(sig, list(a_in), scalars), ld, od, _WARP)
+        if all(x is y for x, y in zip(pr.arrays, a_in)):  # no copy made: the layout alone decides
+            if len(validated) >= _MAX_CACHED:
+                validated.clear()
+            validated[key] = (pr.plan, pr.scalars, pr.device)
+        return pr
 
     def forward(*arrays):
         with _functions.first_run(state, 0):

@@ -125,14 +125,9 @@ class _Apply(torch.autograd.Function):
             outs, ctx.recording = _core.forward(c, tensors), None
         ctx.call = c
         ctx.direct = direct
-        # The forward's outputs, where the backward reads them (a custom backward, a kernel
-        # that reads its outputs, a kept tape): saved, so no replay, their memory lives, and the
-        # version counter guards them.
-        keep_outputs = c.op.saves_outputs or ctx.recording is not None
-        ctx.save_for_backward(*tensors, *(outs if keep_outputs else ()))
-        for o, is_float in zip(outs, c.op.float_outputs):
-            if not is_float:
-                ctx.mark_non_differentiable(o)
+        # the outputs too where the backward reads them: a custom backward, a kernel that reads
+        # its outputs, a kept tape
+        _core.save_for_backward(ctx, c.op.float_outputs, tensors, outs, c.op.saves_outputs or ctx.recording is not None)
         # Outputs no gradient reached (auxiliary and integer ones included) arrive as None:
         # the backward makes zeros only where its adjoint reads them.
         ctx.set_materialize_grads(False)

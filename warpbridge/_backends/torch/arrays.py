@@ -237,6 +237,17 @@ def backward(
         )  # fmt: skip
 
 
+def save_for_backward(ctx: Any, float_outputs: Sequence[bool], inputs: Sequence, outs: Sequence, keep: bool) -> None:
+    """What every torch autograd node of an op keeps (eager, the registered op, torch.func):
+    the array inputs, and the outputs where the backward reads them (``keep``): saved, so no
+    replay, their memory lives, and the version counter guards them (rule 5). Outputs that
+    carry no gradient (integer, auxiliary) are marked non-differentiable."""
+    ctx.save_for_backward(*inputs, *(outs if keep else ()))
+    plain = [o for o, carries in zip(outs, float_outputs) if not carries]
+    if plain:
+        ctx.mark_non_differentiable(*plain)
+
+
 def refuse_second_order(name: str) -> None:
     """Raise if the engine runs this backward under ``create_graph=True``: Warp's adjoint is not
     differentiable again, and a gradient silently cut from the graph would be wrong."""

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ..._core.errors import fail
+from .arrays import save_for_backward
 
 # Whether a torch.func transform (vmap, grad, vjp, jacrev, ...) is running
 active = torch._C._are_functorch_transforms_active
@@ -119,10 +120,7 @@ class _Forward(torch.autograd.Function):
         rule, *tensors = inputs
         ctx.rule = rule
         ctx.n_tensors = len(tensors)
-        ctx.save_for_backward(*tensors, *(output if rule.save_outputs else ()))
-        aux = [o for o, f in zip(output, rule.float_outputs) if not f]
-        if aux:
-            ctx.mark_non_differentiable(*aux)
+        save_for_backward(ctx, rule.float_outputs, tensors, output, rule.save_outputs)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:

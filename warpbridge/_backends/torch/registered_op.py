@@ -175,13 +175,10 @@ def _register(op: WarpOp, name: str) -> Any:
         inputs = tuple(inputs) + (None,) * (n_args - len(inputs))
         outs = output if isinstance(output, tuple) else (output,)
         ctx.n_outputs = len(outs) if op.saves_outputs else 0
-        saved_outs = outs if ctx.n_outputs else ()
-        ctx.save_for_backward(*[inputs[p.position] for p in sig.array_inputs], *saved_outs)
+        arrays = [inputs[p.position] for p in sig.array_inputs]
+        _core.save_for_backward(ctx, op.float_outputs, arrays, outs, op.saves_outputs)
         ctx.rest = [None if p.is_array else inputs[p.position] for p in sig.inputs] + list(inputs[n_in:])
         ctx.out_meta = [(o.shape, o.dtype) for o in outs]
-        aux = [o for o, p in zip(outs, sig.outputs) if p.is_float and not p.carries_grad]
-        if aux:
-            ctx.mark_non_differentiable(*aux)
 
     def backward(ctx: Any, *grads: Any) -> tuple:
         _core.refuse_second_order(op.name)
