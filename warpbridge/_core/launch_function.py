@@ -20,43 +20,6 @@ from .signature import Param, Signature
 from .warp_runtime import LOAD_LOCK, KeepingTape, RecordedLaunch, recorded_kernels, tape_launches
 
 
-class FunctionPlan(Plan):
-    """A launch function's plan: it runs the function on Warp views of the buffers (taped when
-    asked) and differentiates through that recording, or through a taped re-run."""
-
-    allocates = True
-
-    def __init__(self, sig: Signature, device: Any, in_layouts, launch, out_shapes, debug: bool = False):
-        super().__init__(sig, device, in_layouts, launch, out_shapes)
-        self.warm = [False, False]  # the forward / backward has run once (its modules are loaded)
-
-    def run(
-        self,
-        in_ptrs: Sequence[int],
-        scalars: Sequence[Any],
-        out_ptrs: Sequence[int],
-        stream: Any = None,
-        keywords: dict | None = None,
-        record: bool = False,
-    ) -> Recording | None:
-        return run_function(self, in_ptrs, scalars, out_ptrs, stream, keywords, record)
-
-    def run_adjoint(
-        self, op: Any, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream: Any = None, recording: Any = None
-    ) -> None:
-        """Back-propagate the forward's recording, or (none kept) a taped re-run."""
-        if recording is not None:
-            run_recorded_adjoint(op, recording, in_grad_ptrs, out_grads, stream)
-        else:
-            run_function_adjoint(op, self, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream)
-
-
-def new_plan(sig: Signature, device: Any, in_layouts, launch, out_shapes, debug: bool = False) -> Plan:
-    """The plan of a call with these layouts and dims: a kernel's or a launch function's."""
-    kind = KernelPlan if sig.kind == "kernel" else FunctionPlan
-    return kind(sig, device, in_layouts, launch, out_shapes, debug)
-
-
 def _wrap(p: Param, device: Any, ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
     # wp.array over foreign memory: no copy, no ownership; the caller keeps the buffer alive.
     return wp.array(ptr=ptr, dtype=p.wp_type.dtype, shape=tuple(shape), strides=tuple(strides), device=device)
@@ -451,3 +414,31 @@ def _kept_view(views: dict, position: int, p: Param, device: Any, ptr: int, shap
     if a is None:
         a = views[position, ptr] = _wrap(p, device, ptr, shape, strides)
     return a
+
+
+class FunctionPlan(Plan):
+    """A launch function's plan: it runs the function on Warp views of the buffers (taped when
+    asked) and differentiates through that recording, or through a taped re-run."""
+
+    allocates = True
+
+    def __init__(self, sig: Signature, device: Any, in_layouts, launch, out_shapes, debug: bool = False):
+        super().__init__(sig, device, in_layouts, launch, out_shapes)
+        self.warm = [False, False]  # the forward / backward has run once (its modules are loaded)
+
+    run = run_function  # (plan, in_ptrs, scalars, out_ptrs, stream, keywords, record)
+
+    def run_adjoint(
+        self, op: Any, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream: Any = None, recording: Any = None
+    ) -> None:
+        """Back-propagate the forward's recording, or (none kept) a taped re-run."""
+        if recording is not None:
+            run_recorded_adjoint(op, recording, in_grad_ptrs, out_grads, stream)
+        else:
+            run_function_adjoint(op, self, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream)
+
+
+def new_plan(sig: Signature, device: Any, in_layouts, launch, out_shapes, debug: bool = False) -> Plan:
+    """The plan of a call with these layouts and dims: a kernel's or a launch function's."""
+    kind = KernelPlan if sig.kind == "kernel" else FunctionPlan
+    return kind(sig, device, in_layouts, launch, out_shapes, debug)

@@ -37,7 +37,13 @@ def _descriptor(ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
 
 
 class Plan:
-    """What every plan holds for one callable, device and set of input layouts / dims."""
+    """What every plan holds for one callable, device and set of input layouts / dims.
+
+    Each kind answers ``run(in_ptrs, scalars, out_ptrs, stream, keywords, record)``, the
+    forward into outputs the caller allocated (with ``record``, a launch function's run is
+    taped and its recording returned), and ``run_adjoint(op, in_ptrs, scalars, out_ptrs,
+    in_grad_ptrs, out_grads, stream, recording)``, Warp's adjoint accumulating into the input
+    gradient buffers."""
 
     # Whether the callable allocates Warp arrays of its own (a launch function; a framework
     # lends its memory pool), and whether its adjoint re-runs it into scratch outputs
@@ -63,25 +69,6 @@ class Plan:
     def zeroed_outputs(self, fw: Any, device: Any) -> list:
         """The outputs (full shapes, vector/matrix dims included), zeroed by backend ``fw``."""
         return [fw.zeros(s + p.inner_shape, p.dtype_name, device) for p, s in zip(self.sig.outputs, self.out_shapes)]
-
-    def run(
-        self,
-        in_ptrs: Sequence[int],
-        scalars: Sequence[Any],
-        out_ptrs: Sequence[int],
-        stream: Any = None,
-        keywords: dict | None = None,
-        record: bool = False,
-    ) -> Any:
-        """The forward into outputs the caller allocated; with ``record``, a launch function's
-        run is taped and its recording returned, for ``run_adjoint``."""
-        raise NotImplementedError
-
-    def run_adjoint(
-        self, op: Any, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream: Any = None, recording: Any = None
-    ) -> None:
-        """Warp's adjoint of the forward, accumulating into the input gradient buffers."""
-        raise NotImplementedError
 
 
 class KernelPlan(Plan):
