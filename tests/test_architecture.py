@@ -18,19 +18,17 @@ PKG = pathlib.Path(__file__).resolve().parent.parent / "warpbridge"
 FRAMEWORKS = ("torch", "jax", "jaxlib", "paddle", "cupy", "numpy")
 BACKENDS = {"torch": "torch", "jax": "jax", "paddle": "paddle", "numpy": "numpy", "dlpack": None}
 WORD = re.compile(r"\b(" + "|".join(FRAMEWORKS) + r")\b", re.IGNORECASE)
-MAX_FUNCTION_LINES = 80
+MAX_FUNCTION_LINES = 80  # lines of code: a docstring does not count
 MAX_KERNEL_PARAMS = 12
 # Known debt, with today's size: a function here may get shorter, never longer.
 LONG_FUNCTIONS = {
-    "_backends/jax.py:_build": 93,
-    "_core/adjoint_check.py:array_accesses": 108,
-    "_core/op.py:op": 108,
+    "_core/adjoint_check.py:array_accesses": 98,
     "_core/signature.py:__init__": 122,
     "grad_buffer.py:__init__": 86,
-    "ops/_kernels.py:kernels": 1402,
+    "ops/_kernels.py:kernels": 1401,
     "ops/_kernels.py:radius_forward": 90,
     "ops/_kernels.py:radius_backward_query": 109,
-    "testing.py:check_op": 141,
+    "testing.py:check_op": 130,
 }
 WIDE_KERNELS = {
     "radius_forward": 17,
@@ -211,10 +209,19 @@ def _functions():
                 yield f"{_name(path)}:{node.name}", node
 
 
+def _code_lines(node: ast.AST) -> int:
+    """A function's lines, its docstring left out (a public function documents its arguments)."""
+    lines = node.end_lineno - node.lineno + 1
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
 def test_functions_are_short():
     too_long = {}
     for key, node in _functions():
-        lines = node.end_lineno - node.lineno + 1
+        lines = _code_lines(node)
         if lines > LONG_FUNCTIONS.get(key, MAX_FUNCTION_LINES):
             too_long[key] = lines
     assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines (or longer than their listed size): {too_long}"

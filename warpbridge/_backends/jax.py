@@ -158,37 +158,32 @@ def _plain(p: Param) -> Any:
     )  # inside the callbacks the arrays are wp.arrays
 
 
-def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes: tuple, fold: bool) -> Any:
-    """The op as a ``jax.custom_vjp`` whose forward and backward are ``wp.jax_callable``s.
-
-    Inside them the arrays are ``wp.array``s, validated and launched through the same
-    ``_validate.prepare`` / ``Plan.run`` / ``_gradients.backward`` as every other framework's, so JAX
-    has no gradient rules of its own."""
-    sig = op.sig
-    ins: list[Param] = sig.array_inputs
-    outs: list[Param] = sig.outputs
-    diff = [i for i, p in enumerate(ins) if p.differentiable]
-    fouts = [j for j, p in enumerate(outs) if p.carries_grad]
-    saves = op.saves_outputs  # the backward reads the forward's outputs: residuals
-    # folded (vmap_method="broadcast_all"): the batch sits in the first dim and the dims follow it
-    ld = None if fold else launch
-    od = None if fold else {p.name: s for p, s in zip(outs, out_shapes)}
-    state = types.SimpleNamespace(warm=[False, False])  # first runs load modules: under the lock
-    validated: dict = {}  # the callbacks' array layouts -> their validated call (plan, scalars, device)
+def _preparer(op: Any, scalars: tuple, ld: Any, od: Any) -> Any:
+    """``prepared(arrays)``: the call on a callback's arrays. The arguments were validated when
+    the call was traced, and a callback's layouts repeat on every run: each layout is prepared
+    once (where preparing made no copy, the layout alone decides)."""
+    validated: dict = {}  # the arrays' layouts -> (plan, scalars, device)
 
     def prepared(a_in: Sequence[wp.array]) -> _validate.Prepared:
-        """The call on the callback's arrays. The arguments were validated when the call was
-        traced, and a callback's layouts repeat on every run: each layout is prepared once."""
         key = tuple([(a.shape, a.strides, a.dtype) for a in a_in])
         hit = validated.get(key)
         if hit is not None:
             return _validate.Prepared(hit[0], hit[1], list(a_in), hit[2])
-        pr = _validate.prepare(op, _merge(sig, list(a_in), scalars), ld, od, _WARP)
-        if all(x is y for x, y in zip(pr.arrays, a_in)):  # no copy made: the layout alone decides
+        pr = _validate.prepare(op, _merge(op.sig, list(a_in), scalars), ld, od, _WARP)
+        if all(x is y for x, y in zip(pr.arrays, a_in)):
             if len(validated) >= _MAX_CACHED:
                 validated.clear()
             validated[key] = (pr.plan, pr.scalars, pr.device)
         return pr
+
+    return prepared
+
+
+def _callbacks(op: Any, prepared: Any, diff: list, fouts: list) -> tuple:
+    """The forward and backward callbacks: Warp arrays in, launched through the same plans
+    and ``_gradients.backward`` as every other framework's."""
+    ins, outs, saves = op.sig.array_inputs, op.sig.outputs, op.saves_outputs
+    state = types.SimpleNamespace(warm=[False, False])  # first runs load modules: under the lock
 
     def forward(*arrays):
         with _functions.first_run(state, 0):
@@ -217,6 +212,25 @@ def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes:
                 op, pr.plan, pr.scalars, pr.arrays, grads, needs, _WARP, pr.device, None, targets, saved, True
             )
 
+    return forward, backward
+
+
+def _build(op: Any, launch: tuple, out_shapes: tuple, scalars: tuple, in_shapes: tuple, fold: bool) -> Any:
+    """The op as a ``jax.custom_vjp`` whose forward and backward are ``wp.jax_callable``s.
+
+    Inside them the arrays are ``wp.array``s, launched through the same plans and
+    ``_gradients.backward`` as every other framework's, so JAX has no gradient rules of its
+    own."""
+    sig = op.sig
+    ins: list[Param] = sig.array_inputs
+    outs: list[Param] = sig.outputs
+    diff = [i for i, p in enumerate(ins) if p.differentiable]
+    fouts = [j for j, p in enumerate(outs) if p.carries_grad]
+    saves = op.saves_outputs  # the backward reads the forward's outputs: residuals
+    # folded (vmap_method="broadcast_all"): the batch sits in the first dim and the dims follow it
+    ld = None if fold else launch
+    od = None if fold else {p.name: s for p, s in zip(outs, out_shapes)}
+    forward, backward = _callbacks(op, _preparer(op, scalars, ld, od), diff, fouts)
     fwd_params = [(p.name, _plain(p)) for p in ins] + [(_out_name(p), p.wp_type) for p in outs]
     vmap_method = "broadcast_all" if fold else "sequential"
     fwd = wp.jax_callable(
