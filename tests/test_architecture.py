@@ -24,7 +24,6 @@ MAX_KERNEL_PARAMS = 12
 LONG_FUNCTIONS = {
     "_core/adjoint_check.py:array_accesses": 98,
     "_core/signature.py:__init__": 122,
-    "grad_buffer.py:__init__": 86,
     "ops/_kernels.py:kernels": 1401,
     "ops/_kernels.py:radius_forward": 90,
     "ops/_kernels.py:radius_backward_query": 109,

@@ -90,45 +90,11 @@ class GradBuffer:
         self, params: Iterable[torch.Tensor], *, dtype: torch.dtype | None = None, bucket_bytes: int = 25 * 2**20,
         overlap: bool = False,
     ):  # fmt: skip
-        name = "GradBuffer"
         if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
-            raise WarpBridgeError(f"{name}(): 'bucket_bytes' must be a positive int, got {describe(bucket_bytes)}")
-        seen: dict[int, torch.Tensor] = {}
-        for i, p in enumerate(params):
-            if not isinstance(p, torch.Tensor):
-                raise WarpBridgeError(f"{name}(): parameter {i} must be a torch.Tensor, got {describe(p)}")
-            if not p.requires_grad:
-                continue  # frozen parameters have no gradient to hold (documented)
-            if not p.is_leaf:
-                raise WarpBridgeError(
-                    f"{name}(): parameter {i} must be a leaf tensor (a parameter), got a tensor computed by "
-                    f"{type(p.grad_fn).__name__}: its gradient is never stored in .grad"
-                )
-            other = buffer_of(p)
-            if other is not None:
-                raise WarpBridgeError(
-                    f"{name}(): parameter {i} (shape {tuple(p.shape)}) is already managed by another GradBuffer; "
-                    "call .close() on that one first"
-                )
-            seen.setdefault(id(p), p)
-        self.params: list[torch.Tensor] = list(seen.values())
-        if not self.params:
-            raise WarpBridgeError(f"{name}(): no parameter requires grad: nothing to manage")
+            raise WarpBridgeError(f"GradBuffer(): 'bucket_bytes' must be a positive int, got {describe(bucket_bytes)}")
+        self.params: list[torch.Tensor] = _managed(params)
         devices = {p.device for p in self.params}
-        if len(devices) > 1:
-            raise WarpBridgeError(
-                f"{name}(): parameters are on different devices ({', '.join(sorted(map(str, devices)))}); "
-                "make one GradBuffer per device"
-            )
-        dtypes = {p.dtype for p in self.params}
-        dtype = dtype or (dtypes.pop() if len(dtypes) == 1 else None)
-        bad = [p for p in self.params if p.dtype != dtype]
-        if dtype is None or bad:
-            found = ", ".join(sorted(str(d) for d in {p.dtype for p in self.params}))
-            raise WarpBridgeError(
-                f"{name}(): every parameter must have the buffer's dtype {dtype or '(one common dtype)'}, got {found} "
-                "(a .grad must match its parameter's dtype); make one GradBuffer per dtype"
-            )
+        dtype = _common_dtype(self.params, dtype, devices)
         self.device, self.dtype, self.overlap = devices.pop(), dtype, overlap
         item = torch.empty((), dtype=dtype).element_size()
         align = max(1, ALIGN_BYTES // item)
@@ -372,3 +338,45 @@ def _make_ready_hook(ref: Any) -> Any:
             gb._ready(p)
 
     return hook
+
+
+def _managed(params: Iterable[torch.Tensor]) -> list:
+    """The parameters a GradBuffer manages: leaf tensors that require grad, each once."""
+    seen: dict[int, torch.Tensor] = {}
+    for i, p in enumerate(params):
+        if not isinstance(p, torch.Tensor):
+            raise WarpBridgeError(f"GradBuffer(): parameter {i} must be a torch.Tensor, got {describe(p)}")
+        if not p.requires_grad:
+            continue  # frozen parameters have no gradient to hold (documented)
+        if not p.is_leaf:
+            raise WarpBridgeError(
+                f"GradBuffer(): parameter {i} must be a leaf tensor (a parameter), got a tensor computed by "
+                f"{type(p.grad_fn).__name__}: its gradient is never stored in .grad"
+            )
+        if buffer_of(p) is not None:
+            raise WarpBridgeError(
+                f"GradBuffer(): parameter {i} (shape {tuple(p.shape)}) is already managed by another GradBuffer; "
+                "call .close() on that one first"
+            )
+        seen.setdefault(id(p), p)
+    if not seen:
+        raise WarpBridgeError("GradBuffer(): no parameter requires grad: nothing to manage")
+    return list(seen.values())
+
+
+def _common_dtype(params: list, dtype: torch.dtype | None, devices: set) -> torch.dtype:
+    """The buffer's dtype: the one every parameter has (refused: several devices or dtypes)."""
+    if len(devices) > 1:
+        raise WarpBridgeError(
+            f"GradBuffer(): parameters are on different devices ({', '.join(sorted(map(str, devices)))}); "
+            "make one GradBuffer per device"
+        )
+    dtypes = {p.dtype for p in params}
+    dtype = dtype or (dtypes.pop() if len(dtypes) == 1 else None)
+    if dtype is None or any(p.dtype != dtype for p in params):
+        found = ", ".join(sorted(str(d) for d in {p.dtype for p in params}))
+        raise WarpBridgeError(
+            f"GradBuffer(): every parameter must have the buffer's dtype {dtype or '(one common dtype)'}, got {found} "
+            "(a .grad must match its parameter's dtype); make one GradBuffer per dtype"
+        )
+    return dtype
