@@ -116,30 +116,7 @@ class Signature:
         named = tuple(dataclasses.replace(p, slot=p.position) for p in params if p.name in out_names)
         updated = tuple(dataclasses.replace(p, slot=p.position, in_out=True) for p in params if p.name in in_out)
         self.outputs = named + updated  # the updated states after the named outputs, in signature order
-        for p in self.outputs:
-            if p.is_array:
-                continue
-            if outputs is None and not in_out:
-                raise WarpBridgeError(
-                    f"{name}(): the last {num_outputs} parameter(s) are outputs and must be arrays, "
-                    f"but '{p.name}' is {p.describe_type()}"
-                )
-            what = "an in_out parameter" if p.in_out else "an output"
-            raise WarpBridgeError(f"{name}(): '{p.name}' is {what} and must be an array, but is {p.describe_type()}")
-        for p in self.outputs:
-            if p.dtype_name.startswith(STRUCT + ":"):
-                raise WarpBridgeError(
-                    f"{name}(): output '{p.name}' is an array of wp.struct {p.wp_type.dtype.key}; no framework array "
-                    "holds Warp structs, so warpbridge cannot allocate it. Return each field as its own array"
-                )
-        for p in params:
-            is_output = p.name in {o.name for o in self.outputs}
-            if p.indexed and (self.kind != "kernel" or is_output):
-                raise WarpBridgeError(
-                    f"{name}(): parameter '{p.name}' is a wp.indexedarray "
-                    f"{'output' if is_output else 'of a launch function'}; indexed arrays are supported as "
-                    "kernel inputs only. Declare it wp.array (a launch function can build the indexedarray itself)"
-                )
+        _check_outputs(name, self.kind, params, self.outputs, num_outputs, explicit=outputs is not None or bool(in_out))
         self.outputs = _mark_aux(name, self.outputs, aux)
         by_slot = {p.slot: p for p in self.inputs + self.outputs}  # an in_out parameter: its output
         self.params = tuple(by_slot[i] for i in sorted(by_slot))  # one per kernel parameter, in order
@@ -157,51 +134,60 @@ class Signature:
         self.differentiable_inputs = tuple(p for p in self.inputs if p.differentiable)
 
         if self.kind == "kernel":
-            opts = fn.options
-            self.backward_enabled = bool(opts.get("enable_backward", fn.module.options.get("enable_backward", True)))
-            acc = _adjoint.array_accesses(fn.adj.tree, fn.func, {p.name for p in self.array_inputs + self.outputs})
-            written = [p.name for p in self.array_inputs if p.name in acc.writes and p.name not in in_out]
-            if written:
-                raise WarpBridgeError(
-                    f"{name}(): kernel '{fn.key}' writes to its input array(s) {written} (directly or through a "
-                    "@wp.func it calls); warpbridge never modifies inputs. Make the written array an output "
-                    f"(outputs=[...] names them anywhere), or in_out={tuple(written)!r} to update it on a copy that "
-                    "the op returns"
-                )
-            # Reading an output makes Warp's adjoint need that output's value (the backward
-            # replays the forward into a scratch buffer) and add into that output's gradient
-            # (which then gets a private copy).
-            # An in_out parameter is not among them: its adjoint reads the input's values.
-            self.reads_outputs = frozenset(
-                p.name for p in self.outputs if p.name in acc.reads | acc.unknown and not p.in_out
-            )
-            # Outputs whose gradient the adjoint must consume as it undoes each store, as Warp's
-            # Tape arranges it (the output's descriptor carries its gradient's pointer): the
-            # ones it reads, the ones stored more than once, and the in_out ones (whose gradient
-            # buffer becomes the input's gradient as the adjoint runs).
-            self.tracked_outputs = (
-                self.reads_outputs
-                | frozenset(p.name for p in self.outputs if p.name in acc.restored)
-                | frozenset(in_out)
-            )
-            self._overwritten = {k: v for k, v in acc.overwritten.items() if k in {p.name for p in self.outputs}}
-            self._in_out = frozenset(in_out)
-            # (array dim, launch dim, line) per array the kernel indexes with a thread index
-            self.tid_indexed = _adjoint.tid_indexed(fn.adj.tree, {p.name for p in self.array_inputs + self.outputs})
-            # (array, dim, index array, line): array values used as indices, checked in debug mode
-            ints = {p.name for p in self.array_inputs if p.dtype_name.startswith(("int", "uint")) and not p.inner_shape}
-            names = {p.name for p in self.array_inputs + self.outputs}
-            self.index_uses = _adjoint.index_uses(fn.adj.tree, names, ints)
-            self._first_line = fn.adj.fun_lineno
+            self._read_kernel(fn, name, frozenset(in_out))
         else:
-            self.backward_enabled = True
-            self.reads_outputs = frozenset(p.name for p in self.outputs)
-            self.tracked_outputs = self.reads_outputs
-            self._overwritten = {}
-            self._in_out = frozenset()
-            self.tid_indexed = {}
-            self.index_uses = []
+            self._read_function()
         self._hazards: tuple | None = None
+
+    def _read_kernel(self, fn: Any, name: str, in_out: frozenset) -> None:
+        """What the gradient rules and the checks need from a kernel's code: whether it has an
+        adjoint, the outputs it reads or stores more than once, its thread-indexed and
+        value-indexed accesses (see ``adjoint_check``); refuses a kernel that writes an input."""
+        opts = fn.options
+        self.backward_enabled = bool(opts.get("enable_backward", fn.module.options.get("enable_backward", True)))
+        acc = _adjoint.array_accesses(fn.adj.tree, fn.func, {p.name for p in self.array_inputs + self.outputs})
+        written = [p.name for p in self.array_inputs if p.name in acc.writes and p.name not in in_out]
+        if written:
+            raise WarpBridgeError(
+                f"{name}(): kernel '{fn.key}' writes to its input array(s) {written} (directly or through a "
+                "@wp.func it calls); warpbridge never modifies inputs. Make the written array an output "
+                f"(outputs=[...] names them anywhere), or in_out={tuple(written)!r} to update it on a copy that "
+                "the op returns"
+            )
+        # Reading an output makes Warp's adjoint need that output's value (the backward
+        # replays the forward into a scratch buffer) and add into that output's gradient
+        # (which then gets a private copy).
+        # An in_out parameter is not among them: its adjoint reads the input's values.
+        self.reads_outputs = frozenset(
+            p.name for p in self.outputs if p.name in acc.reads | acc.unknown and not p.in_out
+        )
+        # Outputs whose gradient the adjoint must consume as it undoes each store, as Warp's
+        # Tape arranges it (the output's descriptor carries its gradient's pointer): the
+        # ones it reads, the ones stored more than once, and the in_out ones (whose gradient
+        # buffer becomes the input's gradient as the adjoint runs).
+        self.tracked_outputs = (
+            self.reads_outputs | frozenset(p.name for p in self.outputs if p.name in acc.restored) | in_out
+        )
+        self._overwritten = {k: v for k, v in acc.overwritten.items() if k in {p.name for p in self.outputs}}
+        self._in_out = in_out
+        # (array dim, launch dim, line) per array the kernel indexes with a thread index
+        self.tid_indexed = _adjoint.tid_indexed(fn.adj.tree, {p.name for p in self.array_inputs + self.outputs})
+        # (array, dim, index array, line): array values used as indices, checked in debug mode
+        ints = {p.name for p in self.array_inputs if p.dtype_name.startswith(("int", "uint")) and not p.inner_shape}
+        names = {p.name for p in self.array_inputs + self.outputs}
+        self.index_uses = _adjoint.index_uses(fn.adj.tree, names, ints)
+        self._first_line = fn.adj.fun_lineno
+
+    def _read_function(self) -> None:
+        """A launch function: its kernels are known only when it runs (checked per recording);
+        its backward may read every output."""
+        self.backward_enabled = True
+        self.reads_outputs = frozenset(p.name for p in self.outputs)
+        self.tracked_outputs = self.reads_outputs
+        self._overwritten = {}
+        self._in_out = frozenset()
+        self.tid_indexed = {}
+        self.index_uses = []
 
     def hazards(self) -> tuple:
         """Constructs whose generated adjoint would be silently wrong (kernels; see ``_adjoint``)."""
@@ -260,6 +246,34 @@ def _output_names(
             "what it updates (x = wp.clone(x))"
         )
     return out_names, in_out
+
+
+def _check_outputs(name: str, kind: str, params: tuple, outputs: tuple, num_outputs: int, explicit: bool) -> None:
+    """Outputs are plain arrays; an indexedarray is a kernel input only."""
+    for p in outputs:
+        if p.is_array:
+            continue
+        if not explicit:
+            raise WarpBridgeError(
+                f"{name}(): the last {num_outputs} parameter(s) are outputs and must be arrays, "
+                f"but '{p.name}' is {p.describe_type()}"
+            )
+        what = "an in_out parameter" if p.in_out else "an output"
+        raise WarpBridgeError(f"{name}(): '{p.name}' is {what} and must be an array, but is {p.describe_type()}")
+    for p in outputs:
+        if p.dtype_name.startswith(STRUCT + ":"):
+            raise WarpBridgeError(
+                f"{name}(): output '{p.name}' is an array of wp.struct {p.wp_type.dtype.key}; no framework array "
+                "holds Warp structs, so warpbridge cannot allocate it. Return each field as its own array"
+            )
+    for p in params:
+        is_output = p.name in {o.name for o in outputs}
+        if p.indexed and (kind != "kernel" or is_output):
+            raise WarpBridgeError(
+                f"{name}(): parameter '{p.name}' is a wp.indexedarray "
+                f"{'output' if is_output else 'of a launch function'}; indexed arrays are supported as "
+                "kernel inputs only. Declare it wp.array (a launch function can build the indexedarray itself)"
+            )
 
 
 def _mark_aux(name: str, outputs: tuple[Param, ...], aux: Any) -> tuple[Param, ...]:
