@@ -26,7 +26,6 @@ LONG_FUNCTIONS = {
     "ops/_kernels.py:kernels": 1401,
     "ops/_kernels.py:radius_forward": 90,
     "ops/_kernels.py:radius_backward_query": 109,
-    "testing.py:check_op": 130,
 }
 WIDE_KERNELS = {
     "radius_forward": 17,
