@@ -221,9 +221,7 @@ def array_accesses(tree: ast.AST, pyfunc: Any, names: set[str], depth: int = 0) 
     """
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     fn_globals, closure = _scope(pyfunc)
-    reads: set[str] = set()
-    writes: set[str] = set()
-    unknown: set[str] = set()
+    reads, writes, unknown = set(), set(), set()  # array names
     loads: dict[str, list[tuple[int, int, ast.AST]]] = {}  # name -> (line, col, load node)
     stores: dict[str, list[tuple[ast.stmt, ast.AST | None, ast.AST]]] = {}  # name -> (stmt, rhs, target)
     overwritten: dict[str, int] = {}
@@ -273,12 +271,7 @@ def array_accesses(tree: ast.AST, pyfunc: Any, names: set[str], depth: int = 0) 
                 continue
             callee = _user_function(_resolve(fn_globals, closure, func))
             if callee is not None and depth < _MAX_DEPTH:
-                labels = [a.label for a in callee.adj.args]
-                if node in parent.args:
-                    i = parent.args.index(node)
-                    label = labels[i] if i < len(labels) else None
-                else:
-                    label = next(k.arg for k in parent.keywords if k.value is node)
+                label = _parameter_of(callee, parent, node)
                 if label is not None:
                     sub_acc = array_accesses(callee.adj.tree, callee.func, {label}, depth + 1)
                     if label in sub_acc.writes:
@@ -300,7 +293,26 @@ def array_accesses(tree: ast.AST, pyfunc: Any, names: set[str], depth: int = 0) 
     restored = restored_via | {
         name for name, sts in stores.items() if len(sts) > 1 or any(_in_loop(parents, stmt) for stmt, _, _ in sts)
     }
-    # A read followed (or accompanied) by a non-additive store: the adjoint sees the stored value.
+    _mark_overwritten(stores, added, loads, overwritten)
+    return Accesses(
+        frozenset(reads), frozenset(writes), frozenset(unknown), overwritten, frozenset(restored),
+        _reads_after_writes(parents, stores, added, loads, unknown | restored_via),
+    )  # fmt: skip
+
+
+def _parameter_of(callee: Any, call: ast.Call, node: ast.AST) -> str | None:
+    """The parameter of ``callee`` that the argument ``node`` of ``call`` binds (None: past its
+    parameters)."""
+    if node in call.args:
+        labels = [a.label for a in callee.adj.args]
+        i = call.args.index(node)
+        return labels[i] if i < len(labels) else None
+    return next(k.arg for k in call.keywords if k.value is node)
+
+
+def _mark_overwritten(stores: dict, added: dict, loads: dict, overwritten: dict) -> None:
+    """Add to ``overwritten`` each array with a read followed (or accompanied) by a
+    non-additive store: the adjoint sees the stored value (first such store's line)."""
     for name in stores.keys() | added.keys():
         for stmt, rhs, target in stores.get(name, []) + added.get(name, []):
             for line, col, load in loads.get(name, ()):
@@ -312,10 +324,6 @@ def array_accesses(tree: ast.AST, pyfunc: Any, names: set[str], depth: int = 0) 
                 if line == stmt.lineno and col == stmt.col_offset and not inside and rhs is not None:
                     continue  # the load is the store's own target chain (a[i][j] = v)
                 overwritten.setdefault(name, stmt.lineno)
-    return Accesses(
-        frozenset(reads), frozenset(writes), frozenset(unknown), overwritten, frozenset(restored),
-        _reads_after_writes(parents, stores, added, loads, unknown | restored_via),
-    )  # fmt: skip
 
 
 def _reads_after_writes(parents: dict, stores: dict, added: dict, loads: dict, unknown: set) -> dict[str, int]:
