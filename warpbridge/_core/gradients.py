@@ -67,7 +67,7 @@ def backward(
     values = None
     if plan.allocates and recording is None:  # scratch outputs: the tape re-runs the function into them
         values = plan.zeroed_outputs(fw, device)
-    elif sig.reads_outputs:
+    elif sig.reads_outputs and recording is None:  # a recording holds the values its adjoint reads
         if outputs is not None:
             values = [fw.private_copy(o) for o in outputs]
         else:
