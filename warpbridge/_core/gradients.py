@@ -204,13 +204,13 @@ def _custom_backward(
     b_ins = ins + [fw.ptr(o) for o in outputs] + g_ptrs
     b_outs = [fw.ptr(g) for g in in_grads]
     keywords = None
-    if cb.sig.kind != sig.kind:  # kernels take packed scalars (16-bit floats as bits), functions the values
+    if bplan.takes_values != plan.takes_values:  # packed scalars (16-bit floats as bits), or the values
         scalars = (
             [
                 _HALF_BITS[p.dtype_name][1](v) if p.dtype_name in _HALF_BITS and not p.inner_shape else v
                 for p, v in zip((q for q in sig.inputs if not q.is_array), scalars)
             ]
-            if sig.kind == "kernel"
+            if bplan.takes_values
             else [pack(v) for pack, v in zip(op._packers, scalars)]
         )
     if cb.takes_needs:

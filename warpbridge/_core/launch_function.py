@@ -421,6 +421,7 @@ class FunctionPlan(Plan):
     asked) and differentiates through that recording, or through a taped re-run."""
 
     allocates = True
+    takes_values = True
 
     def __init__(self, sig: Signature, device: Any, in_layouts, launch, out_shapes, debug: bool = False):
         super().__init__(sig, device, in_layouts, launch, out_shapes)

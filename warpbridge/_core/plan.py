@@ -48,6 +48,9 @@ class Plan:
     # Whether the callable allocates Warp arrays of its own (a launch function; a framework
     # lends its memory pool), and whether its adjoint re-runs it into scratch outputs
     allocates = False
+    # Whether ``run`` takes the scalars' Python values (a launch function) or them packed for
+    # the kernel's argument struct (16-bit floats as bits)
+    takes_values = False
 
     def __init__(self, sig: Signature, device: Any, in_layouts, launch, out_shapes):
         self.sig = sig

@@ -380,14 +380,12 @@ def prepare(op: Any, args: Sequence[Any], launch_dims: Any, output_dims: Any, fw
     """
     op.check_arity(args)
     sig = op.sig
-    arrays, layouts, scalars = [], [], []
+    arrays, layouts, packed, values = [], [], [], []
     device = None
-    k = 0
     for p, a in zip(sig.inputs, args):
         if not p.is_array:
-            packed = op._packers[k](a)
-            scalars.append(a if sig.kind == "function" else packed)
-            k += 1
+            packed.append(op._packers[len(values)](a))  # checked (exact or refused) and packed
+            values.append(a)
             continue
         if not fw.is_array(a):
             raise fail(
@@ -421,4 +419,4 @@ def prepare(op: Any, args: Sequence[Any], launch_dims: Any, output_dims: Any, fw
         device = fw.default_device
     ld, od = op.dims(launch_dims, output_dims, input_values(sig, args, [s for s, _ in layouts]))
     plan = op.plan(fw.warp_device, device, tuple(layouts), ld, od)
-    return Prepared(plan, tuple(scalars), arrays, device)
+    return Prepared(plan, tuple(values if plan.takes_values else packed), arrays, device)

@@ -163,8 +163,8 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
             plan, device = entry
             scalars = ()
             if op._scalar_packers:
-                scalars = tuple([pack(args[i]) for pack, i in op._scalar_packers])
-                if op.sig.kind == "function":  # functions take the Python values themselves
+                scalars = tuple([pack(args[i]) for pack, i in op._scalar_packers])  # checked, packed
+                if plan.takes_values:
                     scalars = tuple([args[i] for _, i in op._scalar_packers])
             return Call(op, plan, scalars, device), [args[i] for i in positions]
     else:
