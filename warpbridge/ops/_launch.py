@@ -167,40 +167,50 @@ def _launch_range(run: Any, start: int, count: int, n_slots: int, scatter: bool)
 
         def work(thread: int, team: int) -> None:
             for first in chunks:
+                if stopped[0]:
+                    return
                 run(min(chunk, start + count - first), 1, first)
 
-    parallel(work, n_slots)
+    stopped = [False]  # the caller was interrupted: the threads take no further chunk
+    parallel(work, n_slots, stopped)
 
 
-def parallel(work: Any, n: int) -> None:
+def parallel(work: Any, n: int, stopped: list | None = None) -> None:
     """Run ``work(thread, team)`` on ``n`` threads of warpbridge's pool, the caller included;
     re-raise the first error, once every thread has stopped (so an interrupt never leaves a
-    thread writing into arrays the caller frees). The launches that cannot go to PyTorch's
-    OpenMP team take this path (see ``_launcher``)."""
+    thread writing into arrays the caller frees). On an error or interrupt in the caller,
+    ``stopped[0]`` turns True, for work that checks it between chunks. The launches that
+    cannot go to PyTorch's OpenMP team take this path (see ``_launcher``)."""
     futures, inline = [], []
     for t in range(1, n):
         try:
             futures.append(_pool().submit(work, t, n))
         except RuntimeError:  # the interpreter is exiting (JAX finishing a computation at exit)
             inline.append(t)
+    stopped = stopped if stopped is not None else [False]
     try:
         work(0, n)
         for t in inline:
             work(t, n)
+    except BaseException:
+        stopped[0] = True
+        raise
     finally:
-        _wait_all(futures)
+        _wait_all(futures, stopped)
     for f in futures:
         f.result()
 
 
-def _wait_all(futures: list) -> None:
-    """Wait until every future is done, even through KeyboardInterrupt (re-raised after)."""
+def _wait_all(futures: list, stopped: list) -> None:
+    """Wait until every future is done, even through KeyboardInterrupt (which sets
+    ``stopped[0]`` and is re-raised after)."""
     interrupted = None
     while True:
         try:
             concurrent.futures.wait(futures)
             break
         except KeyboardInterrupt as e:
+            stopped[0] = True
             interrupted = e
     if interrupted is not None:
         raise interrupted
