@@ -123,6 +123,17 @@ def _k(op: str, k: Any, n: int) -> int:
     return int(k)
 
 
+def _run_declared(op: str, arrays: dict[str, Any], numbers: Any) -> tuple[Any, Any, str | None]:
+    """Validate the clouds ``arrays``, then the op's numeric arguments (``numbers(adapter,
+    dtype)``, checked in the dtype the op computes in), and run the declared op: (its result,
+    the adapter, the half dtype to cast floating results back to, or None)."""
+    a = _adapter(op, arrays)
+    dtype = _check_clouds(op, a, arrays)
+    extra = numbers(a, dtype)
+    args, ops, half = _widen(op, a, arrays, dtype)
+    return getattr(ops, op)(*args, *extra), a, half
+
+
 def radius_aggregate(query: Any, ref: Any, features: Any, radius: float, sigma: float) -> Any:
     """Distance-weighted mean of the reference features within ``radius`` of each query point.
 
@@ -151,12 +162,11 @@ def radius_aggregate(query: Any, ref: Any, features: Any, radius: float, sigma: 
         out = wb.ops.radius_aggregate(grid, cloud, feats, radius=0.2, sigma=0.1)
     """
     op = "radius_aggregate"
-    arrays = {"query": query, "ref": ref, "features": features}
-    a = _adapter(op, arrays)
-    dtype = _check_clouds(op, a, arrays)
-    radius, sigma = _positive(op, "radius", radius, dtype), _positive(op, "sigma", sigma, dtype)
-    args, ops, half = _widen(op, a, arrays, dtype)
-    out = ops.radius_aggregate(*args, radius, sigma)
+    out, a, half = _run_declared(
+        op,
+        {"query": query, "ref": ref, "features": features},
+        lambda a, dtype: (_positive(op, "radius", radius, dtype), _positive(op, "sigma", sigma, dtype)),
+    )
     return a.cast(out, half) if half else out
 
 
@@ -179,13 +189,9 @@ def knn(query: Any, ref: Any, k: int) -> tuple[Any, Any]:
 
         dist, idx = wb.ops.knn(grid, cloud, k=7)
     """
-    op = "knn"
-    arrays = {"query": query, "ref": ref}
-    a = _adapter(op, arrays)
-    dtype = _check_clouds(op, a, arrays)
-    k = _k(op, k, a.info(ref)[1][0])
-    args, ops, half = _widen(op, a, arrays, dtype)
-    dist, idx = ops.knn(*args, k)
+    (dist, idx), a, half = _run_declared(
+        "knn", {"query": query, "ref": ref}, lambda a, dtype: (_k("knn", k, a.info(ref)[1][0]),)
+    )
     return (a.cast(dist, half) if half else dist), idx
 
 
@@ -213,10 +219,9 @@ def knn_aggregate(query: Any, ref: Any, features: Any, k: int, sigma: float) -> 
         out = wb.ops.knn_aggregate(grid, cloud, feats, k=7, sigma=0.1)
     """
     op = "knn_aggregate"
-    arrays = {"query": query, "ref": ref, "features": features}
-    a = _adapter(op, arrays)
-    dtype = _check_clouds(op, a, arrays)
-    k, sigma = _k(op, k, a.info(ref)[1][0]), _positive(op, "sigma", sigma, dtype)
-    args, ops, half = _widen(op, a, arrays, dtype)
-    out = ops.knn_aggregate(*args, k, sigma)
+    out, a, half = _run_declared(
+        op,
+        {"query": query, "ref": ref, "features": features},
+        lambda a, dtype: (_k(op, k, a.info(ref)[1][0]), _positive(op, "sigma", sigma, dtype)),
+    )
     return a.cast(out, half) if half else out
