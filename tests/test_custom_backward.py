@@ -49,6 +49,52 @@ def test_check_op_catches_a_wrong_backward_naming_the_input():
         check_op(power_op(B.power_adjoint_wrong), xs(), 3, opcheck=False)
 
 
+def test_check_op_catches_a_backward_that_keeps_state_between_calls():
+    calls = []
+
+    def drifting_adjoint(
+        x: wp.array(dtype=wp.float64),
+        n: int,
+        y: wp.array(dtype=wp.float64),
+        adj_y: wp.array(dtype=wp.float64),
+        adj_x: wp.array(dtype=wp.float64),
+    ):
+        calls.append(n)  # right the first time, off by more with each call after
+        wp.launch(B.power_adjoint, dim=x.shape, inputs=[x, n + len(calls) - 1, y, adj_y], outputs=[adj_x])
+
+    op = wb.op(B.power, backward=drifting_adjoint)
+    with pytest.raises(
+        AssertionError, match=r"three backwards through one graph gave .* for input 'x' \(state survived"
+    ):
+        check_op(op, xs(), 3, opcheck=False)
+
+
+def test_check_op_catches_a_gradient_that_depends_on_which_inputs_require_grad():
+    def weighted_backward_uneven(
+        x: wp.array(dtype=wp.float64),
+        w: wp.array(dtype=wp.float64),
+        idx: wp.array(dtype=wp.int32),
+        s: wp.float64,
+        y: wp.array(dtype=wp.float64),
+        count: wp.array(dtype=wp.int32),
+        adj_y: wp.array(dtype=wp.float64),
+        adj_x: wp.array(dtype=wp.float64),
+        adj_w: wp.array(dtype=wp.float64),
+        *,
+        needs_input_grad,
+    ):
+        # right when both gradients are asked for; x's gradient doubled when w's is not
+        scale = s if needs_input_grad[1] else 2.0 * s
+        wp.launch(B.weighted_adjoint, dim=x.shape[0], inputs=[x, w, idx, scale, y, count, adj_y],
+                  outputs=[adj_x, adj_w if needs_input_grad[1] else wp.zeros_like(adj_w)], device=x.device)  # fmt: skip
+
+    op = wb.op(B.weighted, num_outputs=2, backward=weighted_backward_uneven)
+    x, w = xs(5), xs(3, seed=1)
+    idx = torch.tensor([0, 2, 1, 2, 0], dtype=torch.int32)
+    with pytest.raises(AssertionError, match=r"gradient of input 'x' differentiated alone is .* off its gradient"):
+        check_op(op, x, w, idx, 0.5, opcheck=False)
+
+
 def test_check_op_reports_refusals_unchanged():
     with pytest.raises(wb.WarpBridgeError, match="cannot differentiate"):
         check_op(wb.op(B.power), xs(), 3)
