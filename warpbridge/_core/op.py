@@ -88,7 +88,7 @@ class WarpOp:
         self._plans: dict[Any, _plan.Plan] = {}
         self.states: defaultdict[str, dict] = defaultdict(dict)  # per backend: caches, registrations
         # What every call reads, derived once: the array inputs that take gradients, the
-        # outputs that carry them (set_backward derives the rest)
+        # outputs that carry them (_set_backward derives the rest)
         self.differentiable_arrays = tuple(k for k, p in enumerate(self.sig.array_inputs) if p.differentiable)
         self.float_outputs = tuple(p.carries_grad for p in self.sig.outputs)
         self._array_positions = tuple(p.position for p in self.sig.array_inputs)
