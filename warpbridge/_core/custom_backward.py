@@ -88,17 +88,13 @@ class CustomBackward:
         self.takes_needs = "needs_input_grad" in self.sig.keywords
 
     def plan(self, fwd_plan: Any, grad_layouts: tuple) -> Any:
-        """The backward's plan for a forward plan and the incoming gradients' layouts, kept in
-        the forward plan's cache (it lives as long as that plan)."""
-        key = ("backward", grad_layouts)
-        plan = fwd_plan.cache.get(key)
-        if plan is None:
-            layouts = tuple(fwd_plan.in_layouts) + tuple(zip(fwd_plan.out_shapes, fwd_plan.out_strides)) + grad_layouts
-            in_shapes = tuple(
-                shape for p, (shape, _) in zip(fwd_plan.sig.array_inputs, fwd_plan.in_layouts) if p.differentiable
-            )
-            plan = fwd_plan.cache[key] = new_plan(self.sig, fwd_plan.device, layouts, fwd_plan.launch_dims, in_shapes)
-        return plan
+        """A new plan of the backward for a forward plan and the incoming gradients' layouts
+        (``gradients`` keeps it in the forward plan's cache)."""
+        layouts = tuple(fwd_plan.in_layouts) + tuple(zip(fwd_plan.out_shapes, fwd_plan.out_strides)) + grad_layouts
+        in_shapes = tuple(
+            shape for p, (shape, _) in zip(fwd_plan.sig.array_inputs, fwd_plan.in_layouts) if p.differentiable
+        )
+        return new_plan(self.sig, fwd_plan.device, layouts, fwd_plan.launch_dims, in_shapes)
 
 
 class GenericBackward:

@@ -200,7 +200,10 @@ def _custom_backward(
         if p.differentiable:
             dtype_name, shape, *_ = fw.meta(a)
             in_grads.append(t if t is not None else fw.zeros(shape, dtype_name, device))
-    bplan = plan.cache.get(("backward", g_layouts := tuple(g_layouts))) or cb.plan(plan, g_layouts)
+    key = ("backward", tuple(g_layouts))  # the backward's plan lives as long as the forward's
+    bplan = plan.cache.get(key)
+    if bplan is None:
+        bplan = plan.cache[key] = cb.plan(plan, key[1])
     b_ins = ins + [fw.ptr(o) for o in outputs] + g_ptrs
     b_outs = [fw.ptr(g) for g in in_grads]
     keywords = None

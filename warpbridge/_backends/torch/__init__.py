@@ -2,8 +2,8 @@
 
 Eager calls take a lean path: validation, a cached launch plan and, when gradients are
 needed, one ``torch.autograd.Function``. Under ``torch.compile`` the same call is routed to
-the registered custom op (``torch.ops.warpbridge.<name>``, see ``_library``), and under
-torch.func transforms to ``_func``; all three run the very same ``_core`` functions.
+the registered custom op (``torch.ops.warpbridge.<name>``, see ``registered_op``), and
+under torch.func transforms to ``func``; all three run the very same ``_core`` functions.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     if torch.compiler.is_compiling():
         if _library.unregistrable(op):  # (a wp.struct argument) no custom op: run it outside the graph
             return _outside_graph(op, args, launch_dims, output_dims)
-        return _library_call(op, args, launch_dims, output_dims)
+        return _library.call(op, args, launch_dims, output_dims)
     return _eager(op, args, launch_dims, output_dims)
 
 
@@ -78,12 +78,6 @@ def _autocast(op: Any, args: tuple) -> tuple:
 # A graph break: torch.compile runs the op eagerly between compiled graphs (fullgraph=True
 # refuses, naming this function).
 _outside_graph = torch.compiler.disable(_eager, reason="warpbridge: an op with a wp.struct argument has no custom op")
-
-
-def _library_call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
-    from . import registered_op as _library
-
-    return _library.call(op, args, launch_dims, output_dims)
 
 
 def _direct_buffers(tensors: tuple) -> tuple | None:

@@ -178,11 +178,6 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
     return c, tensors
 
 
-def state(op: WarpOp) -> dict:
-    """This backend's state on ``op`` (Backend.state): its validated calls, its custom op."""
-    return op.states["torch"]
-
-
 def forward(call: Call, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Allocate zeroed outputs and launch the forward kernel (or function)."""
     return _forward(call, tensors, False)[0]

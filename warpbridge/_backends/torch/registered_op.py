@@ -137,7 +137,7 @@ def register(op: WarpOp) -> Any:
             if _same(found[0], op):
                 # the same kernel with the same options: one registration, whose implementation
                 # belongs to the first op object (so a backward attached later is refused here)
-                _core.state(op)["shared"] = found[0] is not op
+                op.states["torch"]["shared"] = found[0] is not op
                 return found[1]
             raise fail(
                 op.name,
@@ -222,7 +222,7 @@ def registered(op: WarpOp) -> Any:
     why = unregistrable(op)
     if why:
         raise fail(op.name, f"has no registered custom op: {why}")
-    st = _core.state(op)
+    st = op.states["torch"]  # its registered op
     found = st.get("op")
     if found is None:
         with _LOCK:
