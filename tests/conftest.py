@@ -29,14 +29,14 @@ def tree_build(request, monkeypatch):
     """The two ways the ops search, on this machine. "quickselect": the CPU's kd-tree build
     (a quickselect per node), queries taken in their given order, as for fewer than
     ``QUERY_ORDER_MIN`` of them. "sort": CUDA's build (every level split by two radix sorts,
-    ``_launch._split_by_sort``) and the queries taken in Morton order (``_launch.query_order``),
+    ``_tree._split_by_sort``) and the queries taken in Morton order (``_tree.query_order``),
     as for many queries. So CUDA's build and the query order are checked on every commit
     without a GPU and at test sizes. Asserts the forced paths ran."""
-    from warpbridge.ops import _launch
+    from warpbridge.ops import _tree
 
     built, ordered = [], []
     if request.param == "sort":
-        real_build, real_order = _launch.build_tree, _launch.query_order
+        real_build, real_order = _tree.build_tree, _tree.query_order
 
         def by_sort(*args, **kwargs):
             built.append(args[1].shape[0])
@@ -46,9 +46,9 @@ def tree_build(request, monkeypatch):
             ordered.append(args[1].shape[0])
             return real_order(*args, **kwargs)
 
-        monkeypatch.setattr(_launch, "build_tree", by_sort)
-        monkeypatch.setattr(_launch, "query_order", in_morton_order)
-        monkeypatch.setattr(_launch, "QUERY_ORDER_MIN", 0)
+        monkeypatch.setattr(_tree, "build_tree", by_sort)
+        monkeypatch.setattr(_tree, "query_order", in_morton_order)
+        monkeypatch.setattr(_tree, "QUERY_ORDER_MIN", 0)
     yield request.param
     assert request.param == "quickselect" or built, "the sort build did not run"
     assert request.param == "quickselect" or ordered, "the queries were not put in Morton order"

@@ -22,7 +22,7 @@ def _load(path: str, name: str):
 
 
 def _point_module(dtype):
-    from warpbridge.ops import _kernels
+    from warpbridge.ops import kdtree as _kernels
 
     return _kernels.kernels(dtype).tree_init.module
 

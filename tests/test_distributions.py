@@ -129,13 +129,13 @@ def test_tree_is_a_median_split_by_planes(name, by_sort):
     halves have the sizes the implicit layout gives."""
     import warp as wp
 
-    from warpbridge.ops import _declared, _launch
+    from warpbridge.ops import _launch, _tree
 
     r, _ = D.make(name, 3000)
     k = _launch.kernels_for("float32", wp.get_device("cpu"))
     points = wp.from_numpy(r, dtype=wp.vec3)
-    tree = _declared._tree(k, points)  # the arrays; built again, the asked way:
-    _launch.build_tree(k, points, tree, wp.get_device("cpu"), None, by_sort=by_sort)
+    tree = _tree.tree(k, points)  # the arrays; built again, the asked way:
+    _tree.build_tree(k, points, tree, wp.get_device("cpu"), None, by_sort=by_sort)
     order, pts, lo, hi, _ = (a.numpy() for a in tree)
     assert sorted(order.tolist()) == list(range(len(r)))
     assert (pts == r[order]).all()
@@ -158,7 +158,7 @@ def test_a_packed_build_makes_the_same_tree(name, dtype, monkeypatch):
     import numpy as np
     import warp as wp
 
-    from warpbridge.ops import _declared, _launch
+    from warpbridge.ops import _launch, _tree
 
     r, _ = D.make(name, 3000)
     k = _launch.kernels_for(dtype, wp.get_device("cpu"))
@@ -166,10 +166,10 @@ def test_a_packed_build_makes_the_same_tree(name, dtype, monkeypatch):
     trees = {}
     for threads in (1, 2):
         # 0: every level in place; 50: in place down to the nodes of at most 50 points
-        for room in (0, 50, _launch.ITEMS_ROOM):
-            monkeypatch.setattr(_launch, "ITEMS_ROOM", room)
+        for room in (0, 50, _tree.ITEMS_ROOM):
+            monkeypatch.setattr(_tree, "ITEMS_ROOM", room)
             monkeypatch.setattr(_launch, "_num_threads", threads)
-            trees[threads, room] = [a.numpy().copy() for a in _declared._tree(k, points)]
+            trees[threads, room] = [a.numpy().copy() for a in _tree.tree(k, points)]
     first = trees[1, 0]
     assert sorted(first[0].tolist()) == list(range(len(r)))
     for key, tree in trees.items():
@@ -213,7 +213,7 @@ def assert_morton_order(q, tree, perm):
     the codes in that order."""
     import numpy as np
 
-    from warpbridge.ops import _kernels
+    from warpbridge.ops.kdtree import morton as _kernels
 
     assert sorted(perm.tolist()) == list(range(len(q)))
     root = (tree[2].numpy()[1], tree[3].numpy()[1])
@@ -232,7 +232,8 @@ def test_queries_go_in_morton_order(name, monkeypatch):
     import numpy as np
     import warp as wp
 
-    from warpbridge.ops import _declared, _kernels, _launch
+    from warpbridge.ops import _launch, _tree
+    from warpbridge.ops.kdtree import morton as _kernels
 
     r, q = D.make(name, 3000)
     q[::97] = np.nan
@@ -240,10 +241,10 @@ def test_queries_go_in_morton_order(name, monkeypatch):
     k = _launch.kernels_for("float32", wp.get_device("cpu"))
     cpu = wp.get_device("cpu")
     refs = wp.from_numpy(r, dtype=wp.vec3)
-    tree = _declared._tree(k, refs)
+    tree = _tree.tree(k, refs)
     queries = wp.empty(len(q), dtype=wp.int32)
-    monkeypatch.setattr(_launch, "QUERY_ORDER_MIN", len(q))
-    _launch.query_order(k, wp.from_numpy(q, dtype=wp.vec3), tree, queries, cpu, None, refs)
+    monkeypatch.setattr(_tree, "QUERY_ORDER_MIN", len(q))
+    _tree.query_order(k, wp.from_numpy(q, dtype=wp.vec3), tree, queries, cpu, None, refs)
     perm = queries.numpy()
     key = assert_morton_order(q, tree, perm)
     last = (1 << (3 * _kernels.MORTON_BITS)) - 1  # shared only with the box's far corner
@@ -252,8 +253,8 @@ def test_queries_go_in_morton_order(name, monkeypatch):
     assert (place[~np.isfinite(q).all(1)] >= (key < last).sum()).all(), "a query that is not finite is not last"
     # the outliers do not stretch the cells: the queries spread over many of them
     assert len(np.unique(key)) > (30 if name == "duplicated points" else 200), "too few cells: no order to speak of"
-    monkeypatch.setattr(_launch, "QUERY_ORDER_MIN", len(q) + 1)
-    _launch.query_order(k, wp.from_numpy(q, dtype=wp.vec3), tree, queries, cpu, None, refs)
+    monkeypatch.setattr(_tree, "QUERY_ORDER_MIN", len(q) + 1)
+    _tree.query_order(k, wp.from_numpy(q, dtype=wp.vec3), tree, queries, cpu, None, refs)
     assert (queries.numpy() == -1).all()
 
 
@@ -270,20 +271,20 @@ def test_a_self_join_goes_in_tree_order_and_changes_no_result(name, backward, mo
     the same gradients up to the order of the sums."""
     import numpy as np
 
-    from warpbridge.ops import _declared, _launch
+    from warpbridge.ops import _declared, _tree
 
     if backward == "two searches":
         monkeypatch.setattr(_declared, "one_pass_fits", lambda *a: False)
         monkeypatch.setattr(_declared, "PAIRS_PER_POINT", -(10**9))
 
     took_tree_order = []
-    real_order = _launch.query_order
+    real_order = _tree.query_order
 
     def spy(k, points, tree, order, *rest):
         real_order(k, points, tree, order, *rest)
         took_tree_order.append(bool(np.array_equal(order.numpy(), tree[0].numpy())))
 
-    monkeypatch.setattr(_launch, "query_order", spy)
+    monkeypatch.setattr(_tree, "query_order", spy)
     r, _ = cloud(name, 1200)
     f = torch.randn(len(r), 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     radius = float(torch.kthvalue(torch.cdist(r, r), 60, dim=1).values.median())  # > 0 on 50 copies
@@ -310,13 +311,13 @@ def test_a_self_join_goes_in_tree_order_and_changes_no_result(name, backward, mo
 def test_the_query_order_changes_no_result(monkeypatch):
     """The same neighbours, distances and outputs bit for bit in Morton order as in the given
     order, and the same gradients up to the order of the sums."""
-    from warpbridge.ops import _launch
+    from warpbridge.ops import _tree
 
     r, q = cloud("gaussian", 5000)
     f = torch.randn(len(r), 5, dtype=torch.float64)
     results = []
     for minimum in (len(q) + 1, len(q)):  # the given order, then Morton order
-        monkeypatch.setattr(_launch, "QUERY_ORDER_MIN", minimum)
+        monkeypatch.setattr(_tree, "QUERY_ORDER_MIN", minimum)
         qg, rg, fg = (x.clone().requires_grad_() for x in (q, r, f))
         d, i = wb.ops.knn(qg, rg, 6)
         out = wb.ops.radius_aggregate(qg, rg, fg, 0.3, 0.2)

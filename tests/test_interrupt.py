@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import warpbridge as wb
-from warpbridge.ops import _launch
+from warpbridge.ops import _cpu_team, _launch, _tree
 
 
 def _cloud(n, f, seed):
@@ -36,10 +36,10 @@ def test_many_small_segments_give_the_same_bits(monkeypatch, openmp):
     r, f = _cloud(4000, 4, 2)
     whole = _every_result(q, r, f)
     if not openmp:
-        monkeypatch.setattr(_launch, "_gomp", lambda: None)
+        monkeypatch.setattr(_cpu_team, "gomp", lambda: None)
     monkeypatch.setattr(_launch, "FIRST_SEGMENT", 37)  # not a multiple of the slots
     monkeypatch.setattr(_launch, "SEGMENT_SECONDS", 1e-9)  # every later segment as short as allowed
-    monkeypatch.setattr(_launch, "SUBTREE_MAX", 300)  # the build's subtrees in many segments
+    monkeypatch.setattr(_tree, "SUBTREE_MAX", 300)  # the build's subtrees in many segments
     cut = _every_result(q, r, f)
     for name, a, b in zip(["dist", "idx", "knn_aggregate", "radius_aggregate", "dq", "dr", "df"], whole, cut):
         assert torch.equal(a, b), name

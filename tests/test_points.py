@@ -12,7 +12,7 @@ import warp as wp
 
 import warpbridge as wb
 from warpbridge import WarpBridgeError
-from warpbridge.ops import _launch
+from warpbridge.ops import _cpu_team, _launch, _tree
 
 DTYPES = [torch.float32, torch.float64]
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float64: dict(atol=1e-11, rtol=1e-9)}
@@ -271,8 +271,8 @@ def test_in_place_change_after_forward_is_caught():
 
 def test_tree_is_built_once_per_forward_and_reused_by_backward(monkeypatch):
     calls = []
-    real = _launch.build_tree
-    monkeypatch.setattr(_launch, "build_tree", lambda *a, **k: calls.append(a[1].shape[0]) or real(*a, **k))
+    real = _tree.build_tree
+    monkeypatch.setattr(_tree, "build_tree", lambda *a, **k: calls.append(a[1].shape[0]) or real(*a, **k))
     q, r, f = clouds(50, 70, 2, seed=14)
     r.requires_grad_()
     out = wb.ops.knn_aggregate(q, r, f, 3, 0.1)
@@ -308,16 +308,16 @@ def test_radius_backward_paths_agree(path, nf, monkeypatch):
     more than it lists; the pair list (CPU, when those copies would not fit); and the two
     searches (CUDA, or more pairs than the budget), with CUDA's trees too. With F = 4 the
     feature terms go 4 at a time, with F = 3 one by one."""
-    from warpbridge.ops import _declared
+    from warpbridge.ops import _declared, _tree
 
     grids, passes = [], []
-    real_tree, real_launch = _launch.build_tree, _launch.launch_queries
+    real_tree, real_launch = _tree.build_tree, _launch.launch_queries
     by_sort = {"by_sort": True} if path.endswith("by sort") else {}
     sorted_levels = []
-    real_sort = _launch._split_by_sort
-    monkeypatch.setattr(_launch, "_split_by_sort", lambda *a: sorted_levels.append(a[3]) or real_sort(*a))
+    real_sort = _tree._split_by_sort
+    monkeypatch.setattr(_tree, "_split_by_sort", lambda *a: sorted_levels.append(a[3]) or real_sort(*a))
     monkeypatch.setattr(
-        _launch, "build_tree", lambda *a, **k: grids.append(a[1].shape[0]) or real_tree(*a, **k, **by_sort)
+        _tree, "build_tree", lambda *a, **k: grids.append(a[1].shape[0]) or real_tree(*a, **k, **by_sort)
     )
     monkeypatch.setattr(
         _launch, "launch_queries", lambda kernel, *a, **k: passes.append(kernel.key) or real_launch(kernel, *a, **k)
@@ -331,9 +331,9 @@ def test_radius_backward_paths_agree(path, nf, monkeypatch):
         monkeypatch.setattr(_declared, "PAIRS_PER_POINT", -(10**9))
     ordered = []
     if by_sort:  # and both sides in Morton order, as for many points
-        monkeypatch.setattr(_launch, "QUERY_ORDER_MIN", 0)
-        real_order = _launch.query_order
-        monkeypatch.setattr(_launch, "query_order", lambda *a: ordered.append(a[1].shape[0]) or real_order(*a))
+        monkeypatch.setattr(_tree, "QUERY_ORDER_MIN", 0)
+        real_order = _tree.query_order
+        monkeypatch.setattr(_tree, "query_order", lambda *a: ordered.append(a[1].shape[0]) or real_order(*a))
     if path == "one pass, searching again":  # every reference point within the radius of every query
         q, r, f = clouds(30, 2 * _declared.LISTED, nf, seed=21)
         radius = 100.0
@@ -398,15 +398,15 @@ def _two_thread_results(ins):
 
 
 def _counting_team_jobs(monkeypatch) -> list:
-    """Count the launches that went to PyTorch's OpenMP team (each makes one _TeamJob)."""
+    """Count the launches that went to PyTorch's OpenMP team (each makes one TeamJob)."""
     jobs: list = []
 
-    class Counted(_launch._TeamJob):
+    class Counted(_cpu_team.TeamJob):
         def __init__(self, *a):
             jobs.append(a)
             super().__init__(*a)
 
-    monkeypatch.setattr(_launch, "_TeamJob", Counted)
+    monkeypatch.setattr(_cpu_team, "TeamJob", Counted)
     return jobs
 
 
@@ -414,14 +414,14 @@ def test_openmp_workers_and_own_pool_give_the_same_bits(monkeypatch):
     """With PyTorch's GNU OpenMP loaded, the op's CPU threads are PyTorch's own workers (no
     contention with their spinning), driven by a native loop; without it, a pool of our own.
     Same results, bitwise."""
-    assert _launch._gomp() is not None  # the Linux CPU build of torch ships libgomp
+    assert _cpu_team.gomp() is not None  # the Linux CPU build of torch ships libgomp
     jobs = _counting_team_jobs(monkeypatch)
     q, r, f = clouds(3000, 2000, 4, torch.float32, seed=15)
     ins = [t.clone().requires_grad_() for t in (q, r, f)]
     with_omp = _two_thread_results(ins)
     assert len(jobs) >= 6  # the build, the searches and the backwards, scatters included
     assert {job[-4] for job in jobs} >= {0} and any(job[-4] > 0 for job in jobs)  # slots and chunks
-    monkeypatch.setattr(_launch, "_GOMP", [None, os.getpid()])
+    monkeypatch.setattr(_cpu_team, "_GOMP", [None, os.getpid()])
     jobs.clear()
     own_pool = _two_thread_results(ins)
     assert not jobs
@@ -443,7 +443,7 @@ def test_a_parallel_launch_runs_every_query_once(m, n_slots, scatter, openmp, mo
     jobs = _counting_team_jobs(monkeypatch)
     monkeypatch.setattr(_launch, "CHUNK_MIN", 1)
     if not openmp:
-        monkeypatch.setattr(_launch, "_GOMP", [None, os.getpid()])
+        monkeypatch.setattr(_cpu_team, "_GOMP", [None, os.getpid()])
     hits, offsets = wp.zeros(m, dtype=wp.int32, device=cpu), wp.full(m, -1, dtype=wp.int32, device=cpu)
     _launch.launch_queries(kernels.visit, m, n_slots, [], [hits, offsets], cpu, None, scatter=scatter)
     assert len(jobs) == int(openmp)
@@ -805,7 +805,7 @@ def test_bad_input_raises_before_any_launch(case, monkeypatch):
     name, call, pattern = _bad_cases()[case]
     launched = []
     monkeypatch.setattr(_launch, "launch_queries", lambda *a, **k: launched.append(a))
-    monkeypatch.setattr(_launch, "build_tree", lambda *a, **k: launched.append(a))
+    monkeypatch.setattr(_tree, "build_tree", lambda *a, **k: launched.append(a))
     with pytest.raises(WarpBridgeError, match=pattern) as info:
         call()
     assert str(info.value).startswith(f"{name}(): ")

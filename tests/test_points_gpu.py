@@ -1,7 +1,7 @@
 """The neighbour ops on CUDA, whenever a GPU is available: the same neighbours, values and
 gradients as the dense float64 references and as the CPU, on every distribution of
 ``benchmarks/distributions.py``, with the tree built on the device by sorting
-(``_launch._split_by_sort``). Marked `gpu`: skipped with a reason on machines without one; the
+(``_tree._split_by_sort``). Marked `gpu`: skipped with a reason on machines without one; the
 CPU runs the same sort build in ``test_distributions.py`` and ``test_points.py``."""
 
 import importlib.util
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import warpbridge as wb
-from warpbridge.ops import _launch
+from warpbridge.ops import _launch, _tree
 
 pytestmark = pytest.mark.gpu
 
@@ -32,8 +32,8 @@ def clouds(m, n, nf, dtype, seed=0):
 
 def test_the_tree_is_built_on_the_device_by_sort(monkeypatch):
     levels = []
-    real = _launch._split_by_sort
-    monkeypatch.setattr(_launch, "_split_by_sort", lambda *a: levels.append((a[3], a[4].alias)) or real(*a))
+    real = _tree._split_by_sort
+    monkeypatch.setattr(_tree, "_split_by_sort", lambda *a: levels.append((a[3], a[4].alias)) or real(*a))
     q, r, _ = clouds(100, 5000, 1, torch.float32)
     wb.ops.knn(q.cuda(), r.cuda(), 7)
     assert levels and levels[0][0] > 0 and levels[0][1].startswith("cuda")
@@ -113,16 +113,16 @@ def test_queries_go_in_morton_order_on_the_device():
     import warp as wp
     from test_distributions import assert_morton_order
 
-    from warpbridge.ops import _declared
+    from warpbridge.ops import _tree
 
     r, q = D.make("lidar rings + 20 far", 100_000)
-    assert len(q) >= _launch.QUERY_ORDER_MIN
+    assert len(q) >= _tree.QUERY_ORDER_MIN
     device = wp.get_device("cuda:0")
     k = _launch.kernels_for("float32", device)
     refs = wp.array(r, dtype=wp.vec3, device=device)
-    tree = _declared._tree(k, refs)
+    tree = _tree.tree(k, refs)
     queries = wp.empty(len(q), dtype=wp.int32, device=device)
-    _launch.query_order(k, wp.array(q, dtype=wp.vec3, device=device), tree, queries, device, None, refs)
+    _tree.query_order(k, wp.array(q, dtype=wp.vec3, device=device), tree, queries, device, None, refs)
     assert_morton_order(q, tree, queries.numpy())
 
 

@@ -1,8 +1,8 @@
 """The point ops, declared with ``wb.op`` like any user's op: one launch function per
 forward, one per backward (``@op.backward``), per float type.
 
-Each forward builds the kd-tree over the reference points and searches it (``_core``,
-``_kernels``). The radius op keeps its tree and per-query statistics for the backward as
+Each forward builds the kd-tree over the reference points and searches it (``_launch``,
+``kdtree``). The radius op keeps its tree and per-query statistics for the backward as
 auxiliary outputs (``aux=``): plain arrays the framework allocates and saves, never returned
 to the caller; the kNN ops keep only the neighbour indices, and their trees are scratch.
 Every op also keeps the order it took the queries in (``queries``, see
@@ -23,8 +23,8 @@ import numpy as np
 import warp as wp
 
 from .._core.op import op as _declare
-from . import _kernels
 from . import _launch as _core
+from . import _tree, kdtree
 
 STATS = 3  # per query: weight sum, nearest distance, neighbour count
 # The CPU radius backward runs in one pass while the threads' extra copies of the
@@ -39,26 +39,21 @@ PAIRS_PER_POINT = 64
 # (about 10 neighbours per query): train step 9.1-9.2 against 9.4 ms.
 LISTED = 32
 LISTED_BYTES = 16 << 20
-TREE = ("order", "sorted_points", "lo", "hi", "min_index")
 
 
-def tree_dims(n: int) -> dict:
-    """Warp shapes of the kd-tree's arrays over ``n`` points (see ``_kernels``): the node
-    arrays hold ``2 << depth`` entries (index 0 unused), ``depth`` the fewest levels below the
-    root that leave at most LEAF_SIZE points per leaf."""
-    nodes = 2 << max(0, (-(-n // _kernels.LEAF_SIZE) - 1).bit_length())
-    return {"order": (n,), "sorted_points": (n,), "lo": (nodes,), "hi": (nodes,), "min_index": (nodes,)}
+def _struct(cls: Any, **fields: Any) -> Any:
+    """A Warp struct with ``fields`` set (array fields left out stay empty)."""
+    s = cls()
+    for name, value in fields.items():
+        setattr(s, name, value)
+    return s
 
 
-def _tree(k: Any, points: wp.array, into: tuple | None = None) -> tuple:
-    """The kd-tree over ``points`` (``into``: its five arrays; default: scratch)."""
-    n, device = points.shape[0], points.device
-    if into is None:
-        dims = tree_dims(n)
-        types_ = (wp.int32, k.V, k.V, k.V, wp.int32)
-        into = tuple(_core.kept(name, dims[name], t, device) for name, t in zip(TREE, types_))
-    _core.build_tree(k, points, into, device, None)
-    return into
+def _needs(needs: tuple, one_pass: bool = False) -> int:
+    """A backward kernel's ``needs``: which gradients it computes (query, ref, features), as
+    the sum of their bits, and whether it is the CPU's one-pass radius backward."""
+    bits = (kdtree.QUERY, kdtree.REF, kdtree.FEATURES)
+    return sum(bit for bit, need in zip(bits, needs) if need) + (kdtree.ONE_PASS if one_pass else 0)
 
 
 def _scratch(shape: Any, dtype: Any, device: Any) -> wp.array:
@@ -138,11 +133,12 @@ def _pair_count(k: Any, stats: wp.array, m: int) -> tuple[int, wp.array]:
 
 
 def _radius_forward(k, query, ref, features, radius, sigma, out, stats, neighbours, tree, queries):
-    _tree(k, ref, tree)
-    _core.query_order(k, query, tree, queries, query.device, None, ref)
-    before = [query, features, *tree, radius, sigma, queries]
-    fours = _fours(features, out, None, None)[:2]
-    _launch(k.radius_forward, query.shape[0], before, [out, stats, neighbours, *fours], query.device)
+    _tree.tree(k, ref, tree)
+    _tree.query_order(k, query, tree, queries, query.device, None, ref)
+    features4, out4 = _fours(features, out, None, None)[:2]
+    before = [query, _struct(k.Rows, v=features, v4=features4), _tree.tree_struct(k, tree), radius, sigma, queries]
+    after = [_struct(k.Rows, v=out, v4=out4), stats, neighbours]
+    _launch(k.radius_forward, query.shape[0], before, after, query.device)
 
 
 def _radius_backward(
@@ -178,29 +174,36 @@ def _radius_backward(
     pp, pc = _scratch(n_pairs, T, device), _scratch(n_pairs, T, device)
     copies = slots if one_pass else 1
     r_slots, f_slots = _thread_copies(dr, copies, needs[1]), _thread_copies(df, copies, needs[2])
-    before = [query, features, *tree, radius, sigma, out, stats, neighbours, grad, *(int(x) for x in needs)]
-    before += [int(one_pass), offsets, queries]
-    after = [g_out, dq, pq, pr, pp, pc, dr, df, r_slots, f_slots]
     scatters = one_pass and needs[2]
-    after += _fours(features, grad, df if scatters else None, f_slots if scatters and copies > 1 else None)
+    fours = _fours(features, grad, df if scatters else None, f_slots if scatters and copies > 1 else None)
+    ball = _struct(k.Ball, radius=radius, sigma=sigma, out=out, stats=stats, neighbours=neighbours)
+    grads = _struct(
+        k.Grads, d_query=dq, d_ref=dr, d_features=df, d_features4=fours[2], ref_slots=r_slots,
+        feature_slots=f_slots, feature_slots4=fours[3], g_out=g_out,
+    )  # fmt: skip
+    pair_list = _struct(k.Pairs, offsets=offsets, query=pq, ref=pr, p=pp, c=pc)
+    before = [query, _struct(k.Rows, v=features, v4=fours[0]), _tree.tree_struct(k, tree), ball]
+    before += [_struct(k.Rows, v=grad, v4=fours[1]), _needs(needs, one_pass), queries]
     # one pass: threads own fixed queries (scatter launch), so the copies' sums are deterministic
-    _core.launch_queries(k.radius_backward_query, m, slots, before, after, device, None, scatter=one_pass)
+    launch = k.radius_backward_query
+    _core.launch_queries(launch, m, slots, before, [pair_list, grads], device, None, scatter=one_pass)
     _add_copies(r_slots, dr)
     _add_copies(f_slots, df)
     if pairs is not None:
         ref_starts, cursor = _scratch(n + 1, wp.int32, device), _scratch(max(n, 1), wp.int32, device)
         by_ref = _scratch(n_pairs, wp.int32, device)
         wp.launch(k.pairs_by_ref, dim=1, inputs=[pr, n, ref_starts, cursor, by_ref], device=device)
-        before = [query, ref, grad, ref_starts, by_ref, pq, pp, pc, int(needs[1]), int(needs[2])]
-        _launch(k.radius_backward_ref_pairs, n, before, [dr, df], device)
+        before = [query, ref, grad, pair_list, ref_starts, by_ref, _needs(needs)]
+        _launch(k.radius_backward_ref_pairs, n, before, [_struct(k.Grads, d_ref=dr, d_features=df)], device)
     elif searches:
         # The reference side gathers over the queries within the radius: a tree over them.
         # The references go in Morton order over that tree's box, as the queries do.
-        qtree = _tree(k, query)
+        qtree = _tree.tree(k, query)
         refs = _scratch(n, wp.int32, device)
-        _core.query_order(k, ref, qtree, refs, device, None, query)
-        before = [ref, features, *qtree, radius, sigma, stats, grad, g_out, int(needs[1]), int(needs[2]), refs]
-        _launch(k.radius_backward_ref, n, before, [dr, df], device)
+        _tree.query_order(k, ref, qtree, refs, device, None, query)
+        before = [ref, features, _tree.tree_struct(k, qtree), ball, grad, _needs(needs), refs]
+        grads = _struct(k.Grads, d_ref=dr, d_features=df, g_out=g_out)
+        _launch(k.radius_backward_ref, n, before, [grads], device)
 
 
 def one_pass_fits(slots: int, n: int, row_bytes: int) -> bool:
@@ -211,12 +214,12 @@ def one_pass_fits(slots: int, n: int, row_bytes: int) -> bool:
 
 
 def _knn_forward(k, query, ref, kk, dist, idx, queries, features=None, sigma=1.0, out=None):
-    tree = _tree(k, ref)
+    tree = _tree.tree(k, ref)
     device = query.device
     if features is None:
         features = out = _core.nothing((0, 0), k.T, device)
-    _core.query_order(k, query, tree, queries, device, None, ref)
-    before = [query, *tree, kk, features, sigma, queries]
+    _tree.query_order(k, query, tree, queries, device, None, ref)
+    before = [query, _tree.tree_struct(k, tree), kk, features, sigma, queries]
     _launch(k.knn_search, query.shape[0], before, [dist, idx, out], device)
 
 
@@ -226,8 +229,9 @@ def _knn_backward(k, query, ref, idx, queries, grad, dq, dr, needs):
         return
     slots = _core.slots(device, m)
     r_slots = _thread_copies(dr, slots, needs[1])
-    before = [query, ref, idx, grad, int(needs[0]), int(needs[1]), queries]
-    _core.launch_queries(k.knn_backward, m, slots, before, [dq, dr, r_slots], device, None, scatter=True)
+    before = [query, ref, idx, grad, _needs(needs), queries]
+    grads = _struct(k.Grads, d_query=dq, d_ref=dr, ref_slots=r_slots)
+    _core.launch_queries(k.knn_backward, m, slots, before, [grads], device, None, scatter=True)
     _add_copies(r_slots, dr)
 
 
@@ -237,10 +241,15 @@ def _knn_aggregate_backward(k, query, ref, features, sigma, out, dist, idx, quer
         return
     slots = _core.slots(device, m)
     r_slots, f_slots = _thread_copies(dr, slots, needs[1]), _thread_copies(df, slots, needs[2])
-    before = [query, ref, features, dist, idx, sigma, out, grad, *(int(x) for x in needs), queries]
-    after = [dq, dr, df, r_slots, f_slots]
-    after += _fours(features, grad, df if needs[2] else None, f_slots if needs[2] and slots > 1 else None)
-    _core.launch_queries(k.knn_aggregate_backward, m, slots, before, after, device, None, scatter=True)
+    fours = _fours(features, grad, df if needs[2] else None, f_slots if needs[2] and slots > 1 else None)
+    nearest = _struct(k.Nearest, sigma=sigma, out=out, dist=dist, idx=idx)
+    grads = _struct(
+        k.Grads, d_query=dq, d_ref=dr, d_features=df, d_features4=fours[2], ref_slots=r_slots,
+        feature_slots=f_slots, feature_slots4=fours[3],
+    )  # fmt: skip
+    before = [query, ref, _struct(k.Rows, v=features, v4=fours[0]), nearest]
+    before += [_struct(k.Rows, v=grad, v4=fours[1]), _needs(needs), queries]
+    _core.launch_queries(k.knn_aggregate_backward, m, slots, before, [grads], device, None, scatter=True)
     _add_copies(r_slots, dr)
     _add_copies(f_slots, df)
 
@@ -253,7 +262,7 @@ def listed_neighbours(m: int) -> int:
 def _radius_dims(query, ref, features, radius, sigma):
     m = query[0]
     dims = {"out": (m, features[1]), "stats": (m, STATS), "neighbours": (m, listed_neighbours(m))}
-    return {**dims, **tree_dims(ref[0]), "queries": (m,)}
+    return {**dims, **_tree.tree_dims(ref[0]), "queries": (m,)}
 
 
 def _knn_dims(query, ref, k):
@@ -331,7 +340,7 @@ def declared(dtype: str) -> types.SimpleNamespace:
         radius_aggregate=_declare(
             radius_aggregate,
             num_outputs=9,
-            aux=("stats", "neighbours", *TREE, "queries"),
+            aux=("stats", "neighbours", *_tree.TREE, "queries"),
             output_dims=_radius_dims,
             backward=radius_aggregate_backward,
         ),  # fmt: skip

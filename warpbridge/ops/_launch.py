@@ -8,7 +8,6 @@ calls: the tree travels as plain arrays from the forward to the backward.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import ctypes
 import os
 import threading
@@ -18,10 +17,9 @@ from typing import Any
 
 import warp as wp
 
-from .._core import op as _op
 from .._core import warp_runtime
 from .._core.errors import WarpBridgeError
-from . import _kernels
+from . import _cpu_team, kdtree
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
@@ -38,15 +36,6 @@ MIN_QUERIES_PER_SLOT = 512
 # CHUNKS_PER_THREAD of them per thread, taken in turn.
 CHUNK_MIN = MIN_QUERIES_PER_THREAD // 4
 CHUNKS_PER_THREAD = 8
-# From this many queries on, the searches take them in Morton order (query_order). Below,
-# the keys and the sort (~15 ns a query) cost more than the order saves: on the tutorial's
-# 8,000 grid queries, already in order, the radius forward took 4.75 -> 4.9 ms.
-QUERY_ORDER_MIN = 16384
-# The most records (point and index) a CPU thread packs a subtree into (see tree_subtrees):
-# 2**16 (1 MiB in float32) stays in its core's cache.
-ITEMS_ROOM = 1 << 16
-# The most points one CPU thread builds a subtree of in one go: 2**20 take about 0.1 s.
-SUBTREE_MAX = 1 << 20
 # A CPU launch runs in segments of about SEGMENT_SECONDS each, the first FIRST_SEGMENT
 # queries long, the next sized by the time the last took. Python acts on signals between
 # segments, so Ctrl-C stops a long call within about that time; a call of fewer queries is
@@ -153,7 +142,7 @@ def _launch_range(run: Any, start: int, count: int, n_slots: int, scatter: bool)
         return
     chunk = 0 if scatter else max(CHUNK_MIN, -(-count // (n_slots * CHUNKS_PER_THREAD)))
     team = getattr(run, "team", None)
-    if team is not None and _gomp() is not None:
+    if team is not None and _cpu_team.gomp() is not None:
         team(start, count, n_slots, chunk)  # on PyTorch's OpenMP workers, no Python between chunks
         return
     if scatter:
@@ -216,47 +205,6 @@ def _wait_all(futures: list, stopped: list) -> None:
         raise interrupted
 
 
-_GOMP: list = []  # [library or None, pid], resolved once per process
-
-
-def _gomp() -> Any:
-    """The GNU OpenMP runtime of a loaded framework (``Backend.openmp_library``), or None: no
-    such framework, a forked child, or ``WARPBRIDGE_OPENMP=0``."""
-    if _GOMP and _GOMP[1] != os.getpid():
-        return None  # a forked child: libgomp's thread pool did not survive the fork (it would hang)
-    if not _GOMP:
-        lib = None
-        if os.environ.get("WARPBRIDGE_OPENMP", "1") != "0":
-            paths = [path for b in _op.loaded_backends() if (path := b.openmp_library())]
-            try:
-                if paths:
-                    lib = ctypes.CDLL(paths[0])
-                    lib.wb_parallel = ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value
-            except (OSError, AttributeError):
-                lib = None
-        _GOMP[:] = [lib, os.getpid()]
-    return _GOMP[0]
-
-
-class _TeamJob(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_void_p) for name in _kernels.TEAM_JOB[0]] + [
-        (name, ctypes.c_longlong) for name in _kernels.TEAM_JOB[1]
-    ]
-
-
-# device alias -> the team launch's (compiled entry point, argument struct type, bounds,
-# module executable that keeps it loaded)
-_TEAM: dict = {}
-
-
-def _load_team(device: Any) -> None:
-    """Compile (first use) and record the CPU team launch (``_kernels.team``); under LOAD_LOCK."""
-    if device.alias not in _TEAM:
-        rec = warp_runtime.record(_kernels.team(), 1, [0], device)
-        if rec.direct:
-            _TEAM[device.alias] = (rec.hooks.forward, rec.Args, rec.bounds, rec.module_exec)
-
-
 class _Direct:
     """What direct CPU launches of one kernel with one set of argument types need, derived
     once from its recorded launch: the argument struct, the compiled entry point (and its
@@ -274,8 +222,8 @@ class _Direct:
         # 32-bit stride and offset, the count first in the bounds
         fields = getattr(self.Args, self.stride), getattr(self.Args, self.offset)
         self.teams = (
-            ctypes.sizeof(self.Args) <= _kernels.TEAM_ARGS_MAX
-            and ctypes.sizeof(self.Bounds) <= _kernels.TEAM_BOUNDS_MAX
+            ctypes.sizeof(self.Args) <= _cpu_team.TEAM_ARGS_MAX
+            and ctypes.sizeof(self.Bounds) <= _cpu_team.TEAM_BOUNDS_MAX
             and all(f.size == 4 for f in fields)
             and self.Bounds.shape.offset == 0
         )
@@ -301,8 +249,8 @@ class _Run:
         d = self.direct
         team_forward, TeamArgs, team_bounds, _ = self.team_launch
         bounds = d.Bounds((m,))
-        job = _TeamJob(
-            _gomp().wb_parallel, d.entry, ctypes.addressof(self.args), ctypes.addressof(bounds),
+        job = _cpu_team.TeamJob(
+            _cpu_team.gomp().wb_parallel, d.entry, ctypes.addressof(self.args), ctypes.addressof(bounds),
             ctypes.sizeof(d.Args), ctypes.sizeof(bounds), *d.at, start, m, chunk, slots, slots, 0,
         )  # fmt: skip
         team_forward(ctypes.byref(team_bounds), ctypes.byref(TeamArgs(ctypes.addressof(job))))
@@ -324,7 +272,7 @@ def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, strea
     calls pack the struct from the arrays' descriptors themselves (a tiny kNN call measured
     0.22 -> 0.15 ms).
 
-    A team launch hands the struct to ``_kernels.team``'s native loop, one ctypes call that
+    A team launch hands the struct to ``_cpu_team.team``'s native loop, one ctypes call that
     releases the GIL: PyTorch's OpenMP workers run the chunks with no Python between them.
     With Python callbacks instead (a ctypes function per thread, each taking the GIL) a
     region cost 25-45 us, 120 us right after a PyTorch op, against ~1 us natively, and the
@@ -347,99 +295,9 @@ def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, strea
         if not rec.direct:
             return launch  # CPU tile blocks: Warp's own launch path
         direct = _RECORDED[key] = _Direct(rec, kernel, len(before))
-        return _Run(direct, direct.template, _TEAM.get(device.alias))
-    packed = direct.Args(*(a.__ctype__() if isinstance(a, wp.array) else a for a in args))
-    return _Run(direct, packed, _TEAM.get(device.alias))
-
-
-def build_tree(
-    k: Any,
-    points: wp.array,
-    tree: tuple[wp.array, wp.array, wp.array, wp.array, wp.array],
-    device: Any,
-    stream: Any,
-    by_sort: bool | None = None,
-) -> None:
-    """Build the kd-tree over ``points`` (see ``_kernels``) into ``tree`` = (order (N,) int32,
-    sorted points (N,) vec3, box lo (nodes,) vec3, box hi (nodes,) vec3, min index (nodes,)
-    int32), with ``nodes`` as ``_declared.tree_dims`` gives.
-
-    On the CPU the top levels are split one level per launch (the threads share a level's
-    nodes); below, one thread builds each subtree down to its leaves and back up, from nodes
-    of at most ITEMS_ROOM points on in its own scratch of (point, index) records (1.35-1.45x
-    faster builds, for 2 MiB of scratch); the top levels' boxes are merged last. On CUDA
-    (``by_sort``, default: not the CPU) every level is split by sorting all points at once
-    (``_split_by_sort``), and one thread per leaf takes its box.
-    """
-    order, sorted_points, lo, hi, min_index = tree
-    n = points.shape[0]
-    depth = lo.shape[0].bit_length() - 2
-    if by_sort is None:
-        by_sort = not device.is_cpu
-    if by_sort:
-        top = depth
-    else:
-        # enough subtrees for every thread (the top splits run one node per thread), each of
-        # at most SUBTREE_MAX points (a segment of the launch is one subtree per thread)
-        top = max((get_num_threads() - 1).bit_length(), (-(-n // SUBTREE_MAX) - 1).bit_length())
-        top = min(depth, top) if n >= 4 * MIN_QUERIES_PER_THREAD else 0
-    # The copy takes ~2.5 ns a point; a second thread measured 27 -> 20 us at 10^4 points,
-    # 0.23 -> 0.12 ms at 10^5.
-    launch_queries(k.tree_init, n, threads(device, n // 32), [points], [sorted_points, order], device, stream)
-    parts = 1 << top
-    slots = min(parts, _cpu(device))
-    # each subtree thread's row of records (see tree_subtrees): room for a subtree, at most ITEMS_ROOM
-    room = 0 if by_sort or n == 0 else min(ITEMS_ROOM, -(-n // parts))
-    items = kept("tree_items", (slots * room,), k.Item, device) if room else nothing((0,), k.Item, device)
-    before = [sorted_points, order, items]
-    if by_sort:
-        _split_by_sort(k, sorted_points, order, depth, device, stream)
-    else:
-        for level in range(top):
-            width = 1 << level
-            launch_queries(
-                k.tree_split, width, min(width, _cpu(device)), [*before, width], [], device, stream, scatter=True
-            )
-    boxes = [lo, hi, min_index]
-    launch_queries(k.tree_subtrees, parts, slots, [*before, parts], boxes, device, stream, True, slots)
-    for level in reversed(range(top)):
-        width = 1 << level
-        launch_queries(k.tree_up, width, min(width, _cpu(device)), [width], boxes, device, stream, scatter=True)
-
-
-def query_order(
-    k: Any, points: wp.array, tree: tuple, order: wp.array, device: Any, stream: Any, tree_of: wp.array
-) -> None:
-    """Write into ``order`` (M,) int32 the order in which a search takes ``points`` (the
-    queries; in the radius backward's second search, the references) through ``tree``, built
-    over ``tree_of``. Every point's result is the same in any order.
-
-    - ``points`` are ``tree_of`` itself (a self-join: the same memory, shape and strides):
-      the tree's own order. Consecutive searches then start in the same or the next leaf, and
-      the order costs a copy: self-kNN measured 1.05-1.11x faster than in the given or Morton
-      order (2 048 to 10^5 points).
-    - From QUERY_ORDER_MIN points on: Morton order of MORTON_CELLS per axis over the tree's
-      points' box trimmed of its extremes (``query_box``, ``query_keys``), by a stable radix
-      sort.
-    - Otherwise, or over an empty tree: -1 everywhere (each point in its place, see
-      ``query_at``)."""
-    m = points.shape[0]
-    _, sorted_points, lo, hi, _ = tree
-    if m and points.ptr == tree_of.ptr and points.shape == tree_of.shape and points.strides == tree_of.strides:
-        with _on(stream):
-            wp.copy(order, tree[0])
-        return
-    if m < QUERY_ORDER_MIN or sorted_points.shape[0] == 0:
-        order.fill_(-1)
-        return
-    box = wp.empty(2, dtype=k.V, device=device)
-    keys, places = (wp.empty(2 * m, dtype=wp.int32, device=device) for _ in range(2))  # the sort needs 2M
-    launch_queries(k.query_box, 1, 1, [sorted_points, lo, hi], [box], device, stream)
-    # ~10 ns a point: a second thread pays only past ~10^4 of them
-    launch_queries(k.query_keys, m, threads(device, m // 16), [points, box], [keys, places], device, stream)
-    with _on(stream):
-        wp.utils.radix_sort_pairs(keys, places, m, 0, 3 * _kernels.MORTON_BITS)
-        wp.copy(order, places, count=m)
+        return _Run(direct, direct.template, _cpu_team.TEAMS.get(device.alias))
+    packed = direct.Args(*(a.__ctype__() if hasattr(a, "__ctype__") else a for a in args))  # arrays, structs
+    return _Run(direct, packed, _cpu_team.TEAMS.get(device.alias))
 
 
 # A thread keeps its last CPU scratch array of each kind while it is at most this big, and
@@ -479,41 +337,6 @@ def nothing(shape: tuple, dtype: Any, device: Any) -> wp.array:
     return a
 
 
-def _on(stream: Any) -> Any:
-    """Warp's launches, sorts and copies inside go on ``stream`` (None: the device's current one)."""
-    return wp.ScopedStream(stream) if stream is not None else contextlib.nullcontext()
-
-
-def _split_by_sort(k: Any, pts: wp.array, order: wp.array, levels: int, device: Any, stream: Any) -> None:
-    """Split ``levels`` levels of the tree, each by two stable radix sorts of all N points:
-    by the coordinate along their node's axis, then by node (see ``tree_keys``). A quickselect
-    per node would leave the top levels to a few GPU threads, each walking up to N points;
-    the sorts keep the whole device busy at every level, for O(N) scratch."""
-    n = pts.shape[0]
-    if levels == 0 or n == 0:
-        return
-    keys = wp.empty(2 * n, dtype=k.T, device=device)  # the sorts need room for 2N
-    places, nodes, by_node = (wp.empty(2 * n, dtype=wp.int32, device=device) for _ in range(3))
-    axes = wp.empty(1 << (levels - 1), dtype=wp.int32, device=device)
-    items = nothing((0,), k.Item, device)  # split_axis reads the points in place
-    pts_out, order_out = wp.empty_like(pts), wp.empty_like(order)
-    with _on(stream):
-        for level in range(levels):
-            parts = 1 << level
-            wp.launch(k.tree_axes, dim=parts, inputs=[pts, items, parts, axes], device=device)
-            wp.launch(k.tree_keys, dim=n, inputs=[pts, parts, axes, keys, places], device=device)
-            wp.utils.radix_sort_pairs(keys, places, n)
-            wp.launch(k.tree_node_keys, dim=n, inputs=[places, n, parts, nodes, by_node], device=device)
-            wp.utils.radix_sort_pairs(nodes, by_node, n, 0, level)  # nodes < 2**level
-            wp.launch(k.tree_gather, dim=n, inputs=[pts, order, by_node, pts_out, order_out], device=device)
-            wp.copy(pts, pts_out)
-            wp.copy(order, order_out)
-
-
-def _cpu(device: Any) -> int:
-    return get_num_threads() if device.is_cpu else 1
-
-
 _LOADED: set = set()
 
 
@@ -525,13 +348,13 @@ def kernels_for(dtype_name: str, device: Any) -> Any:
     crashed), and the queries themselves launch from several threads."""
     key = (dtype_name, device.alias)
     if key in _LOADED:
-        return _kernels.kernels(wp.float32 if dtype_name == "float32" else wp.float64)
+        return kdtree.kernels(wp.float32 if dtype_name == "float32" else wp.float64)
     with warp_runtime.LOAD_LOCK:
-        k = _kernels.kernels(wp.float32 if dtype_name == "float32" else wp.float64)
+        k = kdtree.kernels(wp.float32 if dtype_name == "float32" else wp.float64)
         # as a launch loads it (block_dim 1 on the CPU): Module.load's default block_dim is
         # another variant, compiled a second time for nothing
         wp.load_module(k.tree_init.module, device=device)
-        if device.is_cpu and _gomp() is not None:  # elsewhere the pool runs the launches
-            _load_team(device)
+        if device.is_cpu and _cpu_team.gomp() is not None:  # elsewhere the pool runs the launches
+            _cpu_team.load(device)
         _LOADED.add(key)
     return k

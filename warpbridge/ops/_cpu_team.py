@@ -1,0 +1,125 @@
+"""The CPU team launch: one native call that runs a kernel's chunks on the threads of a GNU
+OpenMP team (see ``_launch._Run``)."""
+
+import ctypes
+import functools
+import os
+from typing import Any
+
+import warp as wp
+
+from .._core import op as _op
+from .._core import warp_runtime
+
+TEAM_ARGS_MAX = 8192  # the largest argument struct a team launch copies per thread (bytes)
+TEAM_BOUNDS_MAX = 64  # and the largest launch bounds
+
+# The native body of `team_launch`: a GNU OpenMP region (GOMP_parallel, by its address) whose
+# threads run another kernel's compiled CPU entry point over the `m` queries from `base` on:
+# chunks of `chunk` queries, taken in turn (`next`, atomic), or, with `chunk` 0, the interleaved
+# shares of `slots` scatter slots (slot s: queries base + s, base + s + slots, ...; stride
+# `slots`, offset base + s, with `base` a multiple of `slots`, so the kernel finds its slot as
+# offset % stride), so a slot's sums do not depend on which thread runs it. Each thread patches its own copy of the argument struct
+# (stride and offset) and of the launch bounds (the count). Layouts come from ctypes.
+_TEAM_SNIPPET = r"""
+struct wb_team_job {
+    void* gomp_parallel;
+    void* forward;
+    const char* args;
+    const char* bounds;
+    long long args_size, bounds_size, stride_at, offset_at, size_at;
+    long long base, m, chunk, slots, threads, next;
+};
+auto body = [](void* p) {
+    wb_team_job* job = (wb_team_job*)p;
+    alignas(16) char args[TEAM_ARGS_MAX];
+    alignas(16) char bounds[TEAM_BOUNDS_MAX];
+    for (long long i = 0; i < job->args_size; ++i) args[i] = job->args[i];
+    for (long long i = 0; i < job->bounds_size; ++i) bounds[i] = job->bounds[i];
+    void (*forward)(void*, void*) = (void (*)(void*, void*))job->forward;
+    for (;;) {
+        long long s = __atomic_fetch_add(&job->next, 1LL, __ATOMIC_RELAXED);
+        long long count, stride, offset;
+        if (job->chunk == 0) {
+            if (s >= job->slots) break;
+            count = s < job->m ? (job->m - s + job->slots - 1) / job->slots : 0;
+            stride = job->slots;
+            offset = job->base + s;
+        } else {
+            if (s >= (job->m + job->chunk - 1) / job->chunk) break;
+            offset = s * job->chunk;
+            count = job->m - offset < job->chunk ? job->m - offset : job->chunk;
+            offset += job->base;
+            stride = 1;
+        }
+        if (count == 0) continue;
+        *(int*)(args + job->stride_at) = (int)stride;
+        *(int*)(args + job->offset_at) = (int)offset;
+        *(unsigned int*)bounds = (unsigned int)count;
+        *(unsigned long long*)(bounds + job->size_at) = (unsigned long long)count;
+        forward(bounds, args);
+    }
+};
+wb_team_job* team_job = (wb_team_job*)job;
+((void (*)(void (*)(void*), void*, unsigned, unsigned))team_job->gomp_parallel)(
+    body, team_job, (unsigned)team_job->threads, 0u);
+""".replace("TEAM_ARGS_MAX", str(TEAM_ARGS_MAX)).replace("TEAM_BOUNDS_MAX", str(TEAM_BOUNDS_MAX))
+
+TEAM_JOB = (
+    ("gomp_parallel", "forward", "args", "bounds"),  # pointers
+    ("args_size", "bounds_size", "stride_at", "offset_at", "size_at", "base", "m", "chunk", "slots", "threads", "next"),
+)
+
+
+@functools.cache
+def team() -> Any:
+    """The CPU team launch: a kernel of one thread whose native body runs a job (a pointer to
+    a struct of TEAM_JOB's fields, see _TEAM_SNIPPET) on the threads of a GNU OpenMP team.
+    Its own module: it is never compiled for CUDA."""
+
+    @wp.func_native(_TEAM_SNIPPET)
+    def run_team_job(job: wp.uint64): ...
+
+    def team_launch(job: wp.uint64):
+        run_team_job(job)
+
+    return wp.kernel(team_launch, enable_backward=False, module="warpbridge_cpu_team")
+
+
+_GOMP: list = []  # [library or None, pid], resolved once per process
+
+
+def gomp() -> Any:
+    """The GNU OpenMP runtime of a loaded framework (``Backend.openmp_library``), or None: no
+    such framework, a forked child, or ``WARPBRIDGE_OPENMP=0``."""
+    if _GOMP and _GOMP[1] != os.getpid():
+        return None  # a forked child: libgomp's thread pool did not survive the fork (it would hang)
+    if not _GOMP:
+        lib = None
+        if os.environ.get("WARPBRIDGE_OPENMP", "1") != "0":
+            paths = [path for b in _op.loaded_backends() if (path := b.openmp_library())]
+            try:
+                if paths:
+                    lib = ctypes.CDLL(paths[0])
+                    lib.wb_parallel = ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value
+            except (OSError, AttributeError):
+                lib = None
+        _GOMP[:] = [lib, os.getpid()]
+    return _GOMP[0]
+
+
+class TeamJob(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in TEAM_JOB[0]] + [(name, ctypes.c_longlong) for name in TEAM_JOB[1]]
+
+
+# device alias -> the team launch's (compiled entry point, argument struct type, bounds,
+# module executable that keeps it loaded)
+TEAMS: dict = {}
+
+
+def load(device: Any) -> None:
+    """Compile (first use) and record the CPU team launch (``team``); under LOAD_LOCK."""
+    if device.alias not in TEAMS:
+        rec = warp_runtime.record(team(), 1, [0], device)
+        if rec.direct:
+            TEAMS[device.alias] = (rec.hooks.forward, rec.Args, rec.bounds, rec.module_exec)

@@ -1,0 +1,191 @@
+"""The kd-tree on the host: its arrays' shapes, its build, its ``Tree`` struct, and the order
+in which a search takes its queries. The kernels are ``kdtree``'s; the launches ``_launch``'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import warp as wp
+
+from . import _launch, kdtree
+
+TREE = ("order", "sorted_points", "lo", "hi", "min_index")  # the tree's arrays, as the ops save them
+# From this many queries on, the searches take them in Morton order (query_order). Below,
+# the keys and the sort (~15 ns a query) cost more than the order saves: on the tutorial's
+# 8,000 grid queries, already in order, the radius forward took 4.75 -> 4.9 ms.
+QUERY_ORDER_MIN = 16384
+# The most records (point and index) a CPU thread packs a subtree into (see tree_subtrees):
+# 2**16 (1 MiB in float32) stays in its core's cache.
+ITEMS_ROOM = 1 << 16
+# The most points one CPU thread builds a subtree of in one go: 2**20 take about 0.1 s.
+SUBTREE_MAX = 1 << 20
+
+
+def tree_dims(n: int) -> dict:
+    """Warp shapes of the kd-tree's arrays over ``n`` points (see ``kdtree``): the node
+    arrays hold ``2 << depth`` entries (index 0 unused), ``depth`` the fewest levels below the
+    root that leave at most LEAF_SIZE points per leaf."""
+    nodes = 2 << max(0, (-(-n // kdtree.LEAF_SIZE) - 1).bit_length())
+    return {"order": (n,), "sorted_points": (n,), "lo": (nodes,), "hi": (nodes,), "min_index": (nodes,)}
+
+
+def tree(k: Any, points: wp.array, into: tuple | None = None) -> tuple:
+    """The kd-tree over ``points`` (``into``: its five arrays; default: scratch)."""
+    n, device = points.shape[0], points.device
+    if into is None:
+        dims = tree_dims(n)
+        types_ = (wp.int32, k.V, k.V, k.V, wp.int32)
+        into = tuple(_launch.kept(name, dims[name], t, device) for name, t in zip(TREE, types_))
+    build_tree(k, points, into, device, None)
+    return into
+
+
+_STRUCTS = threading.local()  # this thread's last (tree arrays, Tree struct) per module
+
+
+def tree_struct(k: Any, arrays: tuple) -> Any:
+    """The ``Tree`` struct over a tree's five arrays. A struct takes ~7 us to fill, so this
+    thread's last one is taken again while its arrays are the same (a kNN call's tree is
+    kept scratch, see ``_launch.kept``)."""
+    last = getattr(_STRUCTS, k.module, None)
+    if last is not None and all(a is b for a, b in zip(last[0], arrays)):
+        return last[1]
+    order, points, lo, hi, min_index = arrays
+    tree = k.Tree()
+    tree.points, tree.order, tree.lo, tree.hi, tree.min_index = points, order, lo, hi, min_index
+    setattr(_STRUCTS, k.module, (arrays, tree))
+    return tree
+
+
+def build_tree(
+    k: Any,
+    points: wp.array,
+    tree: tuple[wp.array, wp.array, wp.array, wp.array, wp.array],
+    device: Any,
+    stream: Any,
+    by_sort: bool | None = None,
+) -> None:
+    """Build the kd-tree over ``points`` (see ``kdtree``) into ``tree`` = (order (N,) int32,
+    sorted points (N,) vec3, box lo (nodes,) vec3, box hi (nodes,) vec3, min index (nodes,)
+    int32), with ``nodes`` as ``tree_dims`` gives.
+
+    On the CPU the top levels are split one level per launch (the threads share a level's
+    nodes); below, one thread builds each subtree down to its leaves and back up, from nodes
+    of at most ITEMS_ROOM points on in its own scratch of (point, index) records (1.35-1.45x
+    faster builds, for 2 MiB of scratch); the top levels' boxes are merged last. On CUDA
+    (``by_sort``, default: not the CPU) every level is split by sorting all points at once
+    (``_split_by_sort``), and one thread per leaf takes its box.
+    """
+    order, sorted_points, lo, hi, min_index = tree
+    n = points.shape[0]
+    depth = lo.shape[0].bit_length() - 2
+    if by_sort is None:
+        by_sort = not device.is_cpu
+    if by_sort:
+        top = depth
+    else:
+        # enough subtrees for every thread (the top splits run one node per thread), each of
+        # at most SUBTREE_MAX points (a segment of the launch is one subtree per thread)
+        top = max((_launch.get_num_threads() - 1).bit_length(), (-(-n // SUBTREE_MAX) - 1).bit_length())
+        top = min(depth, top) if n >= 4 * _launch.MIN_QUERIES_PER_THREAD else 0
+    # The copy takes ~2.5 ns a point; a second thread measured 27 -> 20 us at 10^4 points,
+    # 0.23 -> 0.12 ms at 10^5.
+    _launch.launch_queries(
+        k.tree_init, n, _launch.threads(device, n // 32), [points], [sorted_points, order], device, stream
+    )
+    parts = 1 << top
+    slots = min(parts, _cpu(device))
+    # each subtree thread's row of records (see tree_subtrees): room for a subtree, at most ITEMS_ROOM
+    room = 0 if by_sort or n == 0 else min(ITEMS_ROOM, -(-n // parts))
+    items = (
+        _launch.kept("tree_items", (slots * room,), k.Item, device) if room else _launch.nothing((0,), k.Item, device)
+    )
+    before = [sorted_points, order, items]
+    if by_sort:
+        _split_by_sort(k, sorted_points, order, depth, device, stream)
+    else:
+        for level in range(top):
+            width = 1 << level
+            _launch.launch_queries(
+                k.tree_split, width, min(width, _cpu(device)), [*before, width], [], device, stream, scatter=True
+            )
+    boxes = [lo, hi, min_index]
+    _launch.launch_queries(k.tree_subtrees, parts, slots, [*before, parts], boxes, device, stream, True, slots)
+    for level in reversed(range(top)):
+        width = 1 << level
+        _launch.launch_queries(k.tree_up, width, min(width, _cpu(device)), [width], boxes, device, stream, scatter=True)
+
+
+def query_order(
+    k: Any, points: wp.array, tree: tuple, order: wp.array, device: Any, stream: Any, tree_of: wp.array
+) -> None:
+    """Write into ``order`` (M,) int32 the order in which a search takes ``points`` (the
+    queries; in the radius backward's second search, the references) through ``tree``, built
+    over ``tree_of``. Every point's result is the same in any order.
+
+    - ``points`` are ``tree_of`` itself (a self-join: the same memory, shape and strides):
+      the tree's own order. Consecutive searches then start in the same or the next leaf, and
+      the order costs a copy: self-kNN measured 1.05-1.11x faster than in the given or Morton
+      order (2 048 to 10^5 points).
+    - From QUERY_ORDER_MIN points on: Morton order of MORTON_CELLS per axis over the tree's
+      points' box trimmed of its extremes (``query_box``, ``query_keys``), by a stable radix
+      sort.
+    - Otherwise, or over an empty tree: -1 everywhere (each point in its place, see
+      ``query_at``)."""
+    m = points.shape[0]
+    _, sorted_points, lo, hi, _ = tree
+    if m and points.ptr == tree_of.ptr and points.shape == tree_of.shape and points.strides == tree_of.strides:
+        with _on(stream):
+            wp.copy(order, tree[0])
+        return
+    if m < QUERY_ORDER_MIN or sorted_points.shape[0] == 0:
+        order.fill_(-1)
+        return
+    box = wp.empty(2, dtype=k.V, device=device)
+    keys, places = (wp.empty(2 * m, dtype=wp.int32, device=device) for _ in range(2))  # the sort needs 2M
+    _launch.launch_queries(k.query_box, 1, 1, [sorted_points, lo, hi], [box], device, stream)
+    # ~10 ns a point: a second thread pays only past ~10^4 of them
+    _launch.launch_queries(
+        k.query_keys, m, _launch.threads(device, m // 16), [points, box], [keys, places], device, stream
+    )
+    with _on(stream):
+        wp.utils.radix_sort_pairs(keys, places, m, 0, 3 * kdtree.MORTON_BITS)
+        wp.copy(order, places, count=m)
+
+
+def _on(stream: Any) -> Any:
+    """Warp's launches, sorts and copies inside go on ``stream`` (None: the device's current one)."""
+    return wp.ScopedStream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def _split_by_sort(k: Any, pts: wp.array, order: wp.array, levels: int, device: Any, stream: Any) -> None:
+    """Split ``levels`` levels of the tree, each by two stable radix sorts of all N points:
+    by the coordinate along their node's axis, then by node (see ``tree_keys``). A quickselect
+    per node would leave the top levels to a few GPU threads, each walking up to N points;
+    the sorts keep the whole device busy at every level, for O(N) scratch."""
+    n = pts.shape[0]
+    if levels == 0 or n == 0:
+        return
+    keys = wp.empty(2 * n, dtype=k.T, device=device)  # the sorts need room for 2N
+    places, nodes, by_node = (wp.empty(2 * n, dtype=wp.int32, device=device) for _ in range(3))
+    axes = wp.empty(1 << (levels - 1), dtype=wp.int32, device=device)
+    items = _launch.nothing((0,), k.Item, device)  # split_axis reads the points in place
+    pts_out, order_out = wp.empty_like(pts), wp.empty_like(order)
+    with _on(stream):
+        for level in range(levels):
+            parts = 1 << level
+            wp.launch(k.tree_axes, dim=parts, inputs=[pts, items, parts, axes], device=device)
+            wp.launch(k.tree_keys, dim=n, inputs=[pts, parts, axes, keys, places], device=device)
+            wp.utils.radix_sort_pairs(keys, places, n)
+            wp.launch(k.tree_node_keys, dim=n, inputs=[places, n, parts, nodes, by_node], device=device)
+            wp.utils.radix_sort_pairs(nodes, by_node, n, 0, level)  # nodes < 2**level
+            wp.launch(k.tree_gather, dim=n, inputs=[pts, order, by_node, pts_out, order_out], device=device)
+            wp.copy(pts, pts_out)
+            wp.copy(order, order_out)
+
+
+def _cpu(device: Any) -> int:
+    return _launch.get_num_threads() if device.is_cpu else 1

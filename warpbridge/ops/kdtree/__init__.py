@@ -1,0 +1,90 @@
+"""Warp kernels for the point-cloud ops: a kd-tree, radius and kNN searches over it, and
+hand-written adjoints.
+
+Why hand-written: Warp's generated adjoint does not replay dynamic loops (a neighbour search is
+one), so values computed inside them are gone when the adjoint runs; that is why the
+tutorial's kernel gets zero feature gradients. These adjoints are derived by hand and proven
+against float64 references in ``tests/test_points.py``. No kernel here has a Warp adjoint
+(``enable_backward=False``), which also halves compile time.
+
+The search structure is a balanced kd-tree with an implicit layout, so that its size and
+shape follow from the point count alone (no host synchronisation on CUDA, and the adapters
+can allocate it up front). Node ``1`` is the root, node ``c`` has children ``2c`` and
+``2c + 1``, and the ``2**depth`` leaves hold 11 to 22 points each. A node at level ``l``
+holds the points ``[floor(i N / 2**l), floor((i + 1) N / 2**l))`` of the permuted point
+array: every split is a median split along the widest axis of a sample of the node's points
+(on the CPU a quickselect per node, in a per-thread scratch of records once a subtree fits
+there, see ``tree_subtrees``; on CUDA every level at once, by two stable radix sorts of all
+points, see ``tree_keys``), so the tree's depth is ``log2(N / 22)`` on any data.
+Outliers, clusters, surfaces and lines only change the boxes, never the depth or the memory.
+Each node keeps the exact bounding box of its points and the smallest original index among
+them.
+
+Searches are depth-first: the radius passes share one walk whose state is a node
+(``geometry.leaf_from``), the kNN search keeps the farther child on a stack. A node is skipped only when no point in it
+can matter: its squared distance is certainly beyond the bound (a relative margin covers the
+rounding of squares, so no square root is needed), or, for kNN, its distance is exactly at
+the k-th and all its indices are larger (ties go to the smaller index, which keeps duplicated
+points fast); in the normal range sqrt(dot(g, g)) of a box gap never exceeds that of a point
+difference inside (rounding is monotone). Distances whose squares over- or underflow are
+computed scaled (``norm``).
+
+Points that are not finite are stored as (+inf, +inf, +inf): they sort to the end and are
+nobody's neighbour.
+
+Every per-query kernel takes ``stride`` and ``offset`` and handles queries
+``tid * stride + offset``: on the CPU, where a Warp kernel runs on one thread, warpbridge
+launches one share per thread (ctypes launches release the GIL). The searches and their
+backwards map that place to a query through ``queries`` (``geometry.query_at``): Morton order for many
+queries (``morton.query_keys``), which keeps each search's nodes in cache for the next. Passes that
+add into gradients (scatter launches: thread ``t`` owns the places ``t, t + threads, ...``
+and ``offset`` is ``t``) let thread 0 add into the gradient itself and thread ``t > 0`` into
+``*_slots[t - 1]``, zeroed copies summed in thread order afterwards, so results are
+deterministic on the CPU without atomics contending.
+
+The files split by concern: ``dtypes`` (the float types and structs), ``geometry`` (distances,
+boxes, the walk), ``rows`` (feature-row arithmetic), ``partition`` and ``build`` (the tree),
+``morton`` (the queries' Morton order), ``radius`` and ``knn`` (the searches and their
+backwards). Each function is written once and compiled per float type (``template``).
+"""
+
+import functools
+from typing import Any
+
+import warp as wp
+
+from . import build, dtypes, geometry, knn, morton, partition, radius, rows
+from .template import instantiate
+
+# The most points per leaf: the fewest levels that leave at most this many, so 11 to 22 per
+# leaf. Against 16 (8 to 16 per leaf), kNN took 1.60 -> 1.54 ms at 10^4 points, 3.28 -> 3.19
+# at 2 * 10^4 and 1.88 -> 1.81 s at 10^7, where 16 left 10 points per leaf; the radius op the
+# same (10^4: 2.89 ms either way, 10^7: 3.8 s); at 10^5 and 10^6 the two give the same tree.
+LEAF_SIZE = 22
+MORTON_BITS = morton.MORTON_BITS
+QUERY, REF, FEATURES, ONE_PASS = knn.QUERY, knn.REF, knn.FEATURES, radius.ONE_PASS
+_MODULES = (geometry, rows, partition, build, morton, knn, radius)
+
+
+@functools.cache
+def kernels(scalar: Any) -> Any:
+    """Every kd-tree function and kernel for one float type (wp.float32 or wp.float64), in one
+    Warp module, with the types they take, as attributes."""
+    real = "wp::float32" if scalar is wp.float32 else "wp::float64"
+    names = dtypes.names(scalar)
+    module = f"warpbridge_points_{scalar.__name__}"
+    scope = instantiate(_MODULES, names, module, real)
+    return _Kernels(module=module, **{name: scope[name] for name in _EXPORTED}, **names)
+
+
+_EXPORTED = (
+    "tree_init", "tree_split", "tree_axes", "tree_keys", "tree_node_keys", "tree_gather", "tree_subtrees",
+    "tree_up", "query_box", "query_keys", "radius_forward", "radius_backward_query", "radius_backward_ref",
+    "pair_counts", "pairs_by_ref", "radius_backward_ref_pairs", "knn_search", "knn_backward",
+    "knn_aggregate_backward",
+)  # fmt: skip
+
+
+class _Kernels:
+    def __init__(self, **kw: Any):
+        self.__dict__.update(kw)

@@ -1,0 +1,224 @@
+"""The kd-tree's build kernels: the points' copy, the splits level by level, one subtree per
+thread, the boxes bottom-up; and, for CUDA, a level split by sorting."""
+
+from __future__ import annotations
+
+import warp as wp
+
+from .dtypes import Item, T, V
+from .geometry import finite, part
+from .partition import split_axis, split_node
+from .template import func, kernel
+
+
+@func
+def node_box(
+    pts: wp.array(dtype=V),
+    order: wp.array(dtype=wp.int32),
+    s: int,
+    e: int,
+    node: int,
+    lo: wp.array(dtype=V),
+    hi: wp.array(dtype=V),
+    min_index: wp.array(dtype=wp.int32),
+):
+    # The exact box and smallest original index of points [s, e).
+    b0 = V(T(wp.inf))
+    b1 = V(T(-wp.inf))
+    first = int(2147483647)
+    for t in range(s, e):
+        b0 = wp.min(b0, pts[t])
+        b1 = wp.max(b1, pts[t])
+        first = wp.min(first, order[t])
+    lo[node] = b0
+    hi[node] = b1
+    min_index[node] = first
+
+
+# The CPU build splits a subtree that fits in a thread's row of scratch (tree_subtrees) in
+
+
+@func
+def pack(
+    pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32), items: wp.array(dtype=Item), base: int, s: int, e: int
+):
+    for t in range(s, e):
+        r = Item()
+        r.p = pts[t]
+        r.i = order[t]
+        items[t - base] = r
+
+
+@func
+def unpack(
+    items: wp.array(dtype=Item), base: int, s: int, e: int, pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32)
+):
+    for t in range(s, e):
+        r = items[t - base]
+        pts[t] = r.p
+        order[t] = r.i
+
+
+@func
+def merge_up(node: int, lo: wp.array(dtype=V), hi: wp.array(dtype=V), min_index: wp.array(dtype=wp.int32)):
+    a = 2 * node
+    lo[node] = wp.min(lo[a], lo[a + 1])
+    hi[node] = wp.max(hi[a], hi[a + 1])
+    min_index[node] = wp.min(min_index[a], min_index[a + 1])
+
+
+@kernel
+def tree_up(
+    parts: int,
+    stride: int,
+    offset: int,
+    lo: wp.array(dtype=V),
+    hi: wp.array(dtype=V),
+    min_index: wp.array(dtype=wp.int32),
+):
+    merge_up(parts + wp.tid() * stride + offset, lo, hi, min_index)
+
+
+@kernel
+def tree_init(
+    points: wp.array(dtype=V), stride: int, offset: int, pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32)
+):
+    # The points to be permuted; a non-finite one becomes (+inf, +inf, +inf).
+    i = wp.tid() * stride + offset
+    p = points[i]
+    if not finite(p):
+        p = V(T(wp.inf))
+    pts[i] = p
+    order[i] = i
+
+
+@kernel
+def tree_split(
+    pts: wp.array(dtype=V),
+    order: wp.array(dtype=wp.int32),
+    items: wp.array(dtype=Item),
+    parts: int,
+    stride: int,
+    offset: int,
+):
+    split_node(pts, order, items, 0, False, pts.shape[0], parts, wp.tid() * stride + offset)
+
+
+# A level split by sorting, for CUDA (a quickselect per node leaves the top levels to a
+# few GPU threads): every point's key is its coordinate along its node's split axis; a
+# stable sort by key, then a stable sort by node, puts each node's points in order within
+# its own range, so the median sits at the children's boundary. Ties split in any order:
+# the search needs exact boxes (merged bottom-up), not a particular tie order.
+
+
+@func
+def node_of(p: int, n: int, parts: int) -> int:
+    # The node i of a level with `parts` nodes whose points [part(i), part(i + 1)) hold
+    # position p: i = ceil((p + 1) parts / n) - 1.
+    return int((wp.int64(p + 1) * wp.int64(parts) + wp.int64(n - 1)) // wp.int64(n)) - 1
+
+
+@kernel
+def tree_axes(pts: wp.array(dtype=V), items: wp.array(dtype=Item), parts: int, axes: wp.array(dtype=wp.int32)):
+    i = wp.tid()
+    n = pts.shape[0]
+    axes[i] = split_axis(pts, items, 0, False, part(i, n, parts), part(i + 1, n, parts))
+
+
+@kernel
+def tree_keys(
+    pts: wp.array(dtype=V),
+    parts: int,
+    axes: wp.array(dtype=wp.int32),
+    keys: wp.array(dtype=T),
+    places: wp.array(dtype=wp.int32),
+):
+    p = wp.tid()
+    keys[p] = pts[p][axes[node_of(p, pts.shape[0], parts)]]
+    places[p] = p
+
+
+@kernel
+def tree_node_keys(
+    places: wp.array(dtype=wp.int32),
+    n: int,
+    parts: int,
+    nodes: wp.array(dtype=wp.int32),
+    out: wp.array(dtype=wp.int32),
+):
+    j = wp.tid()
+    nodes[j] = node_of(places[j], n, parts)
+    out[j] = places[j]
+
+
+@kernel
+def tree_gather(
+    pts: wp.array(dtype=V),
+    order: wp.array(dtype=wp.int32),
+    places: wp.array(dtype=wp.int32),
+    pts_out: wp.array(dtype=V),
+    order_out: wp.array(dtype=wp.int32),
+):
+    j = wp.tid()
+    pts_out[j] = pts[places[j]]
+    order_out[j] = order[places[j]]
+
+
+@kernel
+def tree_subtrees(
+    pts: wp.array(dtype=V),
+    order: wp.array(dtype=wp.int32),
+    items: wp.array(dtype=Item),
+    parts: int,
+    stride: int,
+    offset: int,
+    lo: wp.array(dtype=V),
+    hi: wp.array(dtype=V),
+    min_index: wp.array(dtype=wp.int32),
+):
+    # One thread builds the whole subtree under node (parts + r): its splits level by
+    # level, its leaves' boxes, then its boxes bottom-up. A scatter launch's share
+    # `offset % stride` (of `stride`) owns that row of `items`, room for `room` records: the
+    # levels whose nodes do not fit split in place; below, each node is packed into the
+    # row, split down to its leaves there, and unpacked (CUDA: no rows, nothing to split).
+    r = wp.tid() * stride + offset
+    n = pts.shape[0]
+    leaves = lo.shape[0] // 2
+    room = items.shape[0] // stride
+    level = parts
+    width = int(1)
+    while level < leaves and (wp.int64(n) + wp.int64(level - 1)) // wp.int64(level) > wp.int64(room):
+        for j in range(width):
+            split_node(pts, order, items, 0, False, n, level, r * width + j)
+        level = level * 2
+        width = width * 2
+    if level < leaves:
+        for j in range(width):
+            node = r * width + j
+            s = part(node, n, level)
+            e = part(node + 1, n, level)
+            base = s - (offset % stride) * room
+            pack(pts, order, items, base, s, e)
+            sub = level
+            below = int(1)
+            while sub < leaves:
+                for jj in range(below):
+                    split_node(pts, order, items, base, True, n, sub, node * below + jj)
+                sub = sub * 2
+                below = below * 2
+            unpack(items, base, s, e, pts, order)
+        width = width * (leaves // level)
+        level = leaves
+    for j in range(width):
+        leaf = r * width + j
+        node_box(pts, order, part(leaf, n, leaves), part(leaf + 1, n, leaves), leaves + leaf, lo, hi, min_index)
+    while level > parts:
+        level = level // 2
+        width = width // 2
+        for j in range(width):
+            merge_up(level + r * width + j, lo, hi, min_index)
+    if r == 0:
+        # Node 0 is unused but returned (as a saved output): deterministic contents.
+        lo[0] = V(T(0.0))
+        hi[0] = V(T(0.0))
+        min_index[0] = 0

@@ -1,0 +1,123 @@
+"""The kd-tree code's types for one float type, and the float32 ones as module globals.
+
+No ``from __future__ import annotations`` here: ``wp.struct`` evaluates the fields'
+annotations, which name the float type's vectors, made inside ``names``.
+"""
+
+import ctypes
+import functools
+from typing import Any
+
+import warp as wp
+
+STACK = 32  # the kNN search's stack: deeper than any tree of int32-indexed points (depth <= 28)
+SAMPLE = 15  # keys sampled to choose a quickselect pivot (odd)
+
+
+@functools.cache
+def names(scalar: Any) -> dict:
+    """``T`` (the float), ``V`` (its 3-vector), ``V4`` (feature rows seen as groups of 4),
+    the quickselect sample's vectors, and the structs the kernels take."""
+    T = scalar
+    V = wp.types.vector(3, T)
+    V4 = wp.types.vector(4, T)
+    module = f"warpbridge_points_{T.__name__}"
+
+    def struct(cls: type) -> Any:
+        cls.__qualname__ = f"{cls.__name__}_{T.__name__}"
+        return wp.struct(cls, module=module)
+
+    class Item:
+        # A point and its original index in one record (16 bytes; 32 in float64): the CPU
+        # build partitions subtrees in this layout, in a per-thread scratch (partition_items).
+        p: V
+        i: wp.int32
+
+    class Tree:
+        # The kd-tree (see the package's docstring): the points in the tree's order, their
+        # original indices, and per node its box and the smallest original index in it.
+        points: wp.array(dtype=V)
+        order: wp.array(dtype=wp.int32)
+        lo: wp.array(dtype=V)
+        hi: wp.array(dtype=V)
+        min_index: wp.array(dtype=wp.int32)
+
+    class Rows:
+        # (M, F) rows, and the same rows seen as (M, F / 4) groups of 4 (empty unless
+        # F % 4 == 0 and the rows are packed: then ~2x faster gathers).
+        v: wp.array2d(dtype=T)
+        v4: wp.array2d(dtype=V4)
+
+    item = struct(Item)
+    if ctypes.sizeof(item.ctype) != 4 * wp.types.type_size_in_bytes(T):
+        raise RuntimeError("warpbridge: unexpected layout of the kd-tree build's records")
+    return {
+        "T": T,
+        "V": V,
+        "V4": V4,
+        "Sample": wp.types.vector(SAMPLE, T),
+        "SampleAt": wp.types.vector(SAMPLE, wp.int32),
+        "Item": item,
+        "Tree": struct(Tree),
+        "Rows": struct(Rows),
+        **gradient_structs(T, V, V4, struct),
+    }
+
+
+def gradient_structs(T: Any, V: Any, V4: Any, struct: Any) -> dict:
+    """The structs of the backward passes' inputs and outputs."""
+
+    class Ball:
+        # What the radius forward computed and its backward reads: per query the weight sum,
+        # nearest distance and neighbour count (stats), the first neighbours' places in the
+        # tree (neighbours), and the output.
+        radius: T
+        sigma: T
+        out: wp.array2d(dtype=T)
+        stats: wp.array2d(dtype=T)
+        neighbours: wp.array2d(dtype=wp.int32)
+
+    class Nearest:
+        # What the kNN forward computed and its backward reads.
+        sigma: T
+        out: wp.array2d(dtype=T)
+        dist: wp.array2d(dtype=T)
+        idx: wp.array2d(dtype=wp.int64)
+
+    class Pairs:
+        # The CPU radius backward's pair list: pair k is (query, ref), with its weight p and
+        # its geometry coefficient c; query i's pairs start at offsets[i].
+        offsets: wp.array(dtype=wp.int32)
+        query: wp.array(dtype=wp.int32)
+        ref: wp.array(dtype=wp.int32)
+        p: wp.array(dtype=T)
+        c: wp.array(dtype=T)
+
+    class Grads:
+        # The gradients a backward pass writes, the per-thread copies of the reference side
+        # (ref_slots, feature_slots: thread t > 0 adds into copy t - 1), and g.out per query.
+        d_query: wp.array(dtype=V)
+        d_ref: wp.array(dtype=V)
+        d_features: wp.array2d(dtype=T)
+        d_features4: wp.array2d(dtype=V4)
+        ref_slots: wp.array2d(dtype=V)
+        feature_slots: wp.array3d(dtype=T)
+        feature_slots4: wp.array3d(dtype=V4)
+        g_out: wp.array(dtype=T)
+
+    return {"Ball": struct(Ball), "Nearest": struct(Nearest), "Pairs": struct(Pairs), "Grads": struct(Grads)}
+
+
+_FLOAT32 = names(wp.float32)
+T = _FLOAT32["T"]
+V = _FLOAT32["V"]
+V4 = _FLOAT32["V4"]
+Sample = _FLOAT32["Sample"]
+SampleAt = _FLOAT32["SampleAt"]
+Item = _FLOAT32["Item"]
+Tree = _FLOAT32["Tree"]
+Rows = _FLOAT32["Rows"]
+Ball = _FLOAT32["Ball"]
+Nearest = _FLOAT32["Nearest"]
+Pairs = _FLOAT32["Pairs"]
+Grads = _FLOAT32["Grads"]

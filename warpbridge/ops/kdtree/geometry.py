@@ -1,0 +1,159 @@
+"""Distances, boxes, the tree's implicit layout and its depth-first walk."""
+
+from __future__ import annotations
+
+import warp as wp
+
+from .dtypes import T, Tree, V
+from .template import func
+
+
+@func
+def finite(p: V) -> bool:
+    # wp.isfinite measured ~8 ns per call on the CPU (a point pass per tree build); a NaN
+    # fails the comparison as an infinity does.
+    return wp.abs(p[0]) < T(wp.inf) and wp.abs(p[1]) < T(wp.inf) and wp.abs(p[2]) < T(wp.inf)
+
+
+@func
+def norm(v: V) -> T:
+    # |v| without overflow or underflow: squares of coordinates beyond ~1e19 overflow float32
+    # and those below ~1e-19 underflow, so such vectors are scaled first. The common path is
+    # sqrt(dot(v, v)): for a box gap and a point difference in the normal range it is
+    # monotone, which the searches' pruning relies on (see box_gap2).
+    d2 = wp.dot(v, v)
+    if d2 < T(wp.inf) and d2 >= T(1e-30):
+        return wp.sqrt(d2)
+    a = wp.max(wp.max(wp.abs(v[0]), wp.abs(v[1])), wp.abs(v[2]))
+    if a == T(0.0) or not (a < T(wp.inf)):
+        return a
+    return a * wp.length(v / a)
+
+
+@func
+def box_distance(q: V, lo: V, hi: V) -> T:
+    # Per axis, the gap to [lo, hi] is at most |q - p| for any p inside, exactly (rounding is
+    # monotone); so is the norm. An empty box (lo = +inf) is infinitely far.
+    return norm(wp.max(wp.max(lo - q, q - hi), V(T(0.0))))
+
+
+@func
+def box_gap2(q: V, lo: V, hi: V) -> T:
+    # The squared distance to a box (inf when it overflows, 0 when it underflows): for
+    # ordering, and for certain rejections against sq_bound.
+    g = wp.max(wp.max(lo - q, q - hi), V(T(0.0)))
+    return wp.dot(g, g)
+
+
+@func
+def sq_bound(limit: T) -> T:
+    # A squared distance above this is certainly farther than `limit`, rounding of the squares
+    # (and their underflow) included: a sqrt is only needed at or below it. It is inf when
+    # limit**2 overflows; then only an exact comparison can reject (near_box).
+    return limit * limit * T(1.0001) + T(1e-30)
+
+
+@func
+def near_box(q: V, lo: V, hi: V, reach: T, radius: T) -> bool:
+    # False only if no point of the box can be within `radius` of q (reach = sq_bound).
+    g2 = box_gap2(q, lo, hi)
+    if g2 > reach:
+        return False
+    if reach < T(wp.inf):
+        return True
+    return box_distance(q, lo, hi) <= radius * T(1.00001)  # huge radius: with a margin
+
+
+@func
+def levels(leaves: int) -> int:
+    # log2 of the leaf count (a power of two)
+    d = int(0)
+    while (1 << d) < leaves:
+        d += 1
+    return d
+
+
+@func
+def leaf_start(leaf: int, n: int, depth: int) -> int:
+    # part(leaf, n, 2**depth) with a shift for a division: it runs once per leaf visited.
+    return int((wp.int64(leaf) * wp.int64(n)) >> wp.int64(depth))
+
+
+@func
+def part(i: int, n: int, parts: int) -> int:
+    # Start of the i-th of `parts` equal shares of n points (in int64: i * n may overflow).
+    return int((wp.int64(i) * wp.int64(n)) // wp.int64(parts))
+
+
+@func
+def after(node: int) -> int:
+    # The node that follows node's subtree in depth-first order (left child first): its
+    # right sibling, or its nearest ancestor's; 0 after the last.
+    n = node
+    while (n & 1) == 1:
+        n = n >> 1
+    if n == 0:
+        return 0
+    return n + 1
+
+
+@func
+def leaf_from(tree: Tree, q: V, node: int, reach: T, radius: T) -> int:
+    # The radius searches' walk: from `node` on in depth-first order, the first leaf that may
+    # hold a point within `radius` of q (near_box); 0 when none is left. A node out of reach
+    # is passed over with its subtree. The tree's implicit layout (node c's children are 2c
+    # and 2c + 1) makes the walk's state one node, so every radius pass shares this walk:
+    #     leaf = leaf_from(tree, q, 1, reach, radius)
+    #     while leaf > 0: (the leaf's points) ... leaf = leaf_from(tree, q, after(leaf), ...)
+    leaves = tree.lo.shape[0] // 2
+    while node > 0:
+        if near_box(q, tree.lo[node], tree.hi[node], reach, radius):
+            if node >= leaves:
+                return node
+            node = 2 * node
+        else:
+            node = after(node)
+    return 0
+
+
+@func
+def query_at(t: int, queries: wp.array(dtype=wp.int32)) -> int:
+    # The t-th point (query, or reference) to take: queries[t], or point t itself where that
+    # is -1.
+    i = queries[t]
+    if i < 0:
+        i = t
+    return i
+
+
+@func
+def ball_next(tree: Tree, q: V, reach: T, radius: T, depth: int, at: wp.vec3i) -> wp.vec3i:
+    # The radius passes' walk, one point within `radius` of q at a time. `at` is (leaf, s, e):
+    # the walk stands at place s of the leaf whose places are [s0, e); the result is the same
+    # for the next point within reach from there on (at[1] its place), leaf 0 once none is
+    # left. Leaves come from leaf_from, in depth-first order. Start with ball_first.
+    pts = tree.points
+    leaf, s, e = at[0], at[1], at[2]
+    n, leaves = pts.shape[0], tree.lo.shape[0] // 2
+    while leaf > 0:
+        while s < e:
+            diff = q - pts[s]
+            if wp.dot(diff, diff) <= reach and norm(diff) <= radius:
+                return wp.vec3i(leaf, s, e)
+            s += 1
+        leaf = leaf_from(tree, q, after(leaf), reach, radius)
+        s = leaf_start(leaf - leaves, n, depth)
+        e = leaf_start(leaf - leaves + 1, n, depth)
+    return wp.vec3i(0, 0, 0)
+
+
+@func
+def ball_first(tree: Tree, q: V, reach: T, radius: T, depth: int) -> wp.vec3i:
+    # Where the walk of ball_next starts: the first point within `radius` of q.
+    leaves = tree.lo.shape[0] // 2
+    leaf = int(0)
+    if finite(q):
+        leaf = leaf_from(tree, q, 1, reach, radius)
+    n = tree.points.shape[0]
+    at = wp.vec3i(leaf, leaf_start(leaf - leaves, n, depth), leaf_start(leaf - leaves + 1, n, depth))
+    return ball_next(tree, q, reach, radius, depth, at)

@@ -1,0 +1,74 @@
+"""Warp code written once, compiled per float type.
+
+The kd-tree's functions and kernels are plain module-level Python functions, tagged with
+``@func``, ``@kernel`` or ``@template.func_native(snippet)``. Their annotations and bodies name the float
+types (``T``, ``V``, the structs of ``dtypes``) and each other by global name.
+``instantiate`` copies every tagged function onto one namespace per float type (the types
+for that float, then the Warp functions as they are made) and hands the copies to Warp,
+which reads each function's source from its file and resolves its names in that namespace.
+The modules' own globals hold the float32 types, so they read (and lint) as float32 code.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import warp as wp
+
+_TAG = "__warpbridge_kind__"
+
+
+def func(f: Callable) -> Callable:
+    """A ``wp.func``, once per float type."""
+    setattr(f, _TAG, ("func", None))
+    return f
+
+
+def kernel(f: Callable) -> Callable:
+    """A ``wp.kernel`` without a generated adjoint, once per float type."""
+    setattr(f, _TAG, ("kernel", None))
+    return f
+
+
+def func_native(snippet: str) -> Callable:
+    """A ``wp.func_native`` of ``snippet`` (C++; ``REAL`` stands for the float type). Used as
+    ``@template.func_native(...)``: Warp's code generator tells a native function by a
+    decorator spelled ``<module>.func_native``, and takes its return type only then."""
+
+    def tag(f: Callable) -> Callable:
+        setattr(f, _TAG, ("native", snippet))
+        return f
+
+    return tag
+
+
+def instantiate(modules: Iterable[types.ModuleType], names: dict, module: str, real: str) -> dict:
+    """Every tagged function of ``modules`` as Warp code in the Warp module ``module``, on one
+    namespace: the modules' globals, then ``names`` (the float types), then the Warp
+    functions by name. ``real`` is the float type's C++ name, for the native snippets."""
+    modules = list(modules)
+    scope: dict[str, Any] = {}
+    for m in modules:
+        scope.update(vars(m))
+    scope.update(names)
+    for m in modules:
+        for name, f in list(vars(m).items()):
+            kind = getattr(f, _TAG, None)
+            if kind is not None and getattr(f, "__module__", None) == m.__name__:
+                scope[name] = _warp_function(f, kind, scope, module, real)
+    return scope
+
+
+def _warp_function(f: Callable, kind: tuple, scope: dict, module: str, real: str) -> Any:
+    copy = types.FunctionType(f.__code__, scope, f.__name__, f.__defaults__, f.__closure__)
+    copy.__annotations__ = inspect.get_annotations(f, globals=scope, eval_str=True)  # this float type's
+    copy.__qualname__, copy.__module__ = f.__qualname__, f.__module__
+    what, snippet = kind
+    if what == "kernel":
+        return wp.kernel(copy, enable_backward=False, module=module)
+    if what == "native":
+        return wp.func_native(snippet.replace("REAL", real))(copy)
+    return wp.func(copy, module=module)
