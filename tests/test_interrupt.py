@@ -36,7 +36,7 @@ def test_many_small_segments_give_the_same_bits(monkeypatch, openmp):
     r, f = _cloud(4000, 4, 2)
     whole = _every_result(q, r, f)
     if not openmp:
-        monkeypatch.setattr(_cpu_team, "gomp", lambda: None)
+        monkeypatch.setattr(_cpu_team, "TEAMS", {})
     monkeypatch.setattr(_launch, "FIRST_SEGMENT", 37)  # not a multiple of the slots
     monkeypatch.setattr(_launch, "SEGMENT_SECONDS", 1e-9)  # every later segment as short as allowed
     monkeypatch.setattr(_tree, "SUBTREE_MAX", 300)  # the build's subtrees in many segments

@@ -421,7 +421,7 @@ def test_openmp_workers_and_own_pool_give_the_same_bits(monkeypatch):
     with_omp = _two_thread_results(ins)
     assert len(jobs) >= 6  # the build, the searches and the backwards, scatters included
     assert {job[-4] for job in jobs} >= {0} and any(job[-4] > 0 for job in jobs)  # slots and chunks
-    monkeypatch.setattr(_cpu_team, "_GOMP", [None, os.getpid()])
+    monkeypatch.setattr(_cpu_team, "TEAMS", {})
     jobs.clear()
     own_pool = _two_thread_results(ins)
     assert not jobs
@@ -443,7 +443,7 @@ def test_a_parallel_launch_runs_every_query_once(m, n_slots, scatter, openmp, mo
     jobs = _counting_team_jobs(monkeypatch)
     monkeypatch.setattr(_launch, "CHUNK_MIN", 1)
     if not openmp:
-        monkeypatch.setattr(_cpu_team, "_GOMP", [None, os.getpid()])
+        monkeypatch.setattr(_cpu_team, "TEAMS", {})
     hits, offsets = wp.zeros(m, dtype=wp.int32, device=cpu), wp.full(m, -1, dtype=wp.int32, device=cpu)
     _launch.launch_queries(kernels.visit, m, n_slots, [], [hits, offsets], cpu, None, scatter=scatter)
     assert len(jobs) == int(openmp)
@@ -815,7 +815,6 @@ def test_bad_input_raises_before_any_launch(case, monkeypatch):
 def test_the_tutorials_warp_adjoint_is_zero_and_ours_is_exact():
     """Why these ops exist: the tutorial launches its kernel's Warp adjoint for the feature
     gradient; the neighbour loop is dynamic, so that adjoint returns zeros."""
-    import os
     import sys
 
     import warp as wp

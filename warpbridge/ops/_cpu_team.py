@@ -4,7 +4,7 @@ OpenMP team (see ``_launch._Run``)."""
 import ctypes
 import functools
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import warp as wp
 
@@ -112,14 +112,29 @@ class TeamJob(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in TEAM_JOB[0]] + [(name, ctypes.c_longlong) for name in TEAM_JOB[1]]
 
 
-# device alias -> the team launch's (compiled entry point, argument struct type, bounds,
-# module executable that keeps it loaded)
-TEAMS: dict = {}
+class Team(NamedTuple):
+    """A device's recorded team launch: its compiled entry point, argument struct type and
+    bounds, the module executable that keeps it loaded; ``GOMP_parallel``'s address, and the
+    process it belongs to (a forked child has no OpenMP threads: it must not use it)."""
+
+    forward: Any
+    Args: Any
+    bounds: Any
+    module_exec: Any
+    parallel: int
+    pid: int
+
+
+TEAMS: dict = {}  # device alias -> Team
 
 
 def load(device: Any) -> None:
-    """Compile (first use) and record the CPU team launch (``team``); under LOAD_LOCK."""
-    if device.alias not in TEAMS:
+    """Compile (first use) and record the CPU team launch (``team``) where a loaded framework
+    brings GNU OpenMP (``gomp``); under LOAD_LOCK."""
+    lib = gomp()
+    if lib is not None and device.alias not in TEAMS:
         rec = warp_runtime.record(team(), 1, [0], device)
         if rec.direct:
-            TEAMS[device.alias] = (rec.hooks.forward, rec.Args, rec.bounds, rec.module_exec)
+            TEAMS[device.alias] = Team(
+                rec.hooks.forward, rec.Args, rec.bounds, rec.module_exec, lib.wb_parallel, os.getpid()
+            )

@@ -142,7 +142,7 @@ def _launch_range(run: Any, start: int, count: int, n_slots: int, scatter: bool)
         return
     chunk = 0 if scatter else max(CHUNK_MIN, -(-count // (n_slots * CHUNKS_PER_THREAD)))
     team = getattr(run, "team", None)
-    if team is not None and _cpu_team.gomp() is not None:
+    if team is not None:
         team(start, count, n_slots, chunk)  # on PyTorch's OpenMP workers, no Python between chunks
         return
     if scatter:
@@ -234,7 +234,7 @@ class _Run:
     this thread; ``run.team(start, m, slots, chunk)``, the ``m`` queries from ``start`` on a
     team of OpenMP threads."""
 
-    def __init__(self, direct: _Direct, args: Any, team: tuple | None):
+    def __init__(self, direct: _Direct, args: Any, team: Any):
         self.direct, self.args, self.team_launch = direct, args, team
         self.team = self._team if team is not None and direct.teams else None
 
@@ -247,13 +247,13 @@ class _Run:
 
     def _team(self, start: int, m: int, slots: int, chunk: int) -> None:
         d = self.direct
-        team_forward, TeamArgs, team_bounds, _ = self.team_launch
+        team = self.team_launch
         bounds = d.Bounds((m,))
         job = _cpu_team.TeamJob(
-            _cpu_team.gomp().wb_parallel, d.entry, ctypes.addressof(self.args), ctypes.addressof(bounds),
+            team.parallel, d.entry, ctypes.addressof(self.args), ctypes.addressof(bounds),
             ctypes.sizeof(d.Args), ctypes.sizeof(bounds), *d.at, start, m, chunk, slots, slots, 0,
         )  # fmt: skip
-        team_forward(ctypes.byref(team_bounds), ctypes.byref(TeamArgs(ctypes.addressof(job))))
+        team.forward(ctypes.byref(team.bounds), ctypes.byref(team.Args(ctypes.addressof(job))))
 
 
 # (kernel, device, each argument's (dtype, ndim) or type) -> _Direct
@@ -295,9 +295,15 @@ def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, strea
         if not rec.direct:
             return launch  # CPU tile blocks: Warp's own launch path
         direct = _RECORDED[key] = _Direct(rec, kernel, len(before))
-        return _Run(direct, direct.template, _cpu_team.TEAMS.get(device.alias))
+        return _Run(direct, direct.template, _team(device))
     packed = direct.Args(*(a.__ctype__() if hasattr(a, "__ctype__") else a for a in args))  # arrays, structs
-    return _Run(direct, packed, _cpu_team.TEAMS.get(device.alias))
+    return _Run(direct, packed, _team(device))
+
+
+def _team(device: Any) -> Any:
+    """The device's team launch (``_cpu_team.Team``), or None: none loaded, or a forked child."""
+    team = _cpu_team.TEAMS.get(device.alias)
+    return team if team is not None and team.pid == os.getpid() else None
 
 
 # A thread keeps its last CPU scratch array of each kind while it is at most this big, and
@@ -354,7 +360,7 @@ def kernels_for(dtype_name: str, device: Any) -> Any:
         # as a launch loads it (block_dim 1 on the CPU): Module.load's default block_dim is
         # another variant, compiled a second time for nothing
         wp.load_module(k.tree_init.module, device=device)
-        if device.is_cpu and _cpu_team.gomp() is not None:  # elsewhere the pool runs the launches
+        if device.is_cpu:  # where no framework brings GNU OpenMP, the pool runs the launches
             _cpu_team.load(device)
         _LOADED.add(key)
     return k
