@@ -145,3 +145,12 @@ def visit(stride: int, offset: int, hits: wp.array(dtype=wp.int32), offsets: wp.
     i = wp.tid() * stride + offset
     hits[i] = hits[i] + 1
     offsets[i] = offset
+
+
+@wp.kernel
+def sign_and_square(x: wp.array(dtype=wp.float64), s: wp.array(dtype=wp.int32), y: wp.array(dtype=wp.float64)):
+    # an integer output before the float one
+    i = wp.tid()
+    y[i] = x[i] * x[i]
+    if x[i] > wp.float64(0.0):
+        s[i] = 1

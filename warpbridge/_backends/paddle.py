@@ -103,6 +103,16 @@ def _forward(op: Any, pr: _validate.Prepared) -> list:
     return BACKEND.forward(pr.plan, pr.arrays, pr.scalars, pr.device, _stream(pr.device))
 
 
+def _output_grads(outputs: Any, grads: tuple) -> list:
+    """The incoming gradient of each output, None for those that carry none. Paddle 3.x hands
+    one per output, zeros for the non-differentiable ones (an int output before a float one
+    comes first); older versions only those of the differentiable outputs, in order."""
+    if len(grads) == len(outputs):
+        return [g if p.carries_grad else None for p, g in zip(outputs, grads)]
+    floats = iter(grads)
+    return [next(floats, None) if p.carries_grad else None for p in outputs]
+
+
 class _Apply(PyLayer):
     """One autograd node per call; inputs saved with ``save_for_backward``."""
 
@@ -124,9 +134,7 @@ class _Apply(PyLayer):
         saved = ctx.saved_tensor()
         tensors, outputs = saved[: ctx.n_inputs], list(saved[ctx.n_inputs :]) or None
         op, pr = ctx.op, ctx.pr
-        floats = iter(grads)
-        # Paddle hands gradients only for differentiable (float) outputs
-        out_grads = [next(floats, None) if p.carries_grad else None for p in op.sig.outputs]
+        out_grads = _output_grads(op.sig.outputs, grads)
         in_grads = _gradients.backward(
             op,
             pr.plan,
