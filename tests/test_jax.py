@@ -248,3 +248,27 @@ def test_a_jitted_step_validates_its_callbacks_once(monkeypatch):
         x = rng(seed + 5).standard_normal(6)
         np.testing.assert_allclose(np.asarray(step(jnp.asarray(x), jnp.asarray(y))), expected(x, y))
     assert calls == []
+
+
+def test_neighbour_lists_eagerly_with_gradients_and_refused_under_jit():
+    g = np.random.default_rng(0)
+    q, r = g.normal(size=(200, 3)), g.normal(size=(300, 3))
+
+    def loss(q, r):
+        d = wb.ops.radius(q, r, 0.5).distance
+        return (d * jnp.linspace(-1.0, 1.0, d.shape[0])).sum()
+
+    nb = wb.ops.radius(jnp.asarray(q), jnp.asarray(r), 0.5)
+    qt, rt = torch.tensor(q, requires_grad=True), torch.tensor(r, requires_grad=True)
+    nt = wb.ops.radius(qt, rt, 0.5)
+    np.testing.assert_array_equal(np.asarray(nb.index), nt.index.numpy())
+    np.testing.assert_array_equal(np.asarray(nb.ptr), nt.ptr.numpy())
+    w = torch.linspace(-1.0, 1.0, nt.distance.shape[0], dtype=torch.float64)
+    (nt.distance * w).sum().backward()
+    gq, gr = jax.grad(loss, argnums=(0, 1))(jnp.asarray(q), jnp.asarray(r))
+    np.testing.assert_allclose(np.asarray(gq), qt.grad.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(gr), rt.grad.numpy(), rtol=1e-12, atol=1e-12)
+    with pytest.raises(WarpBridgeError, match="depends on the data and cannot be read while tracing"):
+        jax.jit(loss)(jnp.asarray(q), jnp.asarray(r))
+    edges = jax.jit(lambda x: wb.ops.knn_graph(x, 3))(jnp.asarray(r))  # a fixed size: fine under jit
+    np.testing.assert_array_equal(np.asarray(edges), wb.ops.knn_graph(torch.tensor(r), 3).numpy())

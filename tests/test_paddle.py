@@ -147,6 +147,32 @@ def test_no_grad_and_integer_inputs():
         assert op(x, idx, w).stop_gradient
 
 
+def test_an_integer_output_before_a_float_one_gets_no_gradient_of_its_own():
+    """Paddle hands a (zero) gradient for every output, the integer ones included: the float
+    output's gradient must be the one its adjoint reads."""
+    op = wb.op(K.sign_and_square, num_outputs=2)
+    x = tensor(np.array([-1.0, 2.0, 3.0]))
+    s, y = op(x)
+    np.testing.assert_array_equal(s.numpy(), [0, 1, 1])
+    (y * tensor(np.array([1.0, 10.0, 100.0]))).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [-2.0, 40.0, 600.0])
+
+
+def test_neighbour_list_distances_have_torchs_gradients():
+    g = np.random.default_rng(0)
+    q, r = g.normal(size=(200, 3)), g.normal(size=(300, 3))
+    qp, rp = tensor(q), tensor(r)
+    nb = wb.ops.radius(qp, rp, 0.5)
+    w = np.linspace(-1, 1, nb.distance.shape[0])
+    (nb.distance * tensor(w)).sum().backward()
+    qt, rt = torch.tensor(q, requires_grad=True), torch.tensor(r, requires_grad=True)
+    nt = wb.ops.radius(qt, rt, 0.5)
+    np.testing.assert_array_equal(nb.index.numpy(), nt.index.numpy())
+    (nt.distance * torch.tensor(w)).sum().backward()
+    np.testing.assert_allclose(qp.grad.numpy(), qt.grad.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(rp.grad.numpy(), rt.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
 def test_bad_input():
     op = wb.op(K.mul64)
     with pytest.raises(WarpBridgeError, match="all arrays must come from one framework, got paddle and torch"):

@@ -77,6 +77,12 @@ class Backend:
         set-up (making an op, registering it)."""
         return False
 
+    @staticmethod
+    def int_at(a: Any, index: int) -> int:
+        """The integer ``a[index]`` on the host (waits for the device): what a result's size is
+        read from when it depends on the data (a neighbour list's length)."""
+        return int(a[index])
+
     def cast(self, a: Any, dtype_name: str) -> Any:
         """A cast the framework differentiates (gradients come back in ``a``'s dtype)."""
         raise NotImplementedError
@@ -156,6 +162,12 @@ class WarpArrays(Backend):
 
     def private_copy(self, a: wp.array) -> wp.array:
         return wp.clone(a)
+
+    @staticmethod
+    def int_at(a: wp.array, index: int) -> int:
+        cell = wp.empty(1, dtype=a.dtype, device="cpu")
+        wp.copy(cell, a, src_offset=index % a.shape[0], count=1)
+        return int(cell.list()[0])
 
     def ptr(self, a: wp.array) -> int:
         return a.ptr

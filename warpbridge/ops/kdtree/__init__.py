@@ -45,7 +45,7 @@ deterministic on the CPU without atomics contending.
 The files split by concern: ``dtypes`` (the float types and structs), ``geometry`` (distances,
 boxes, the walk), ``rows`` (feature-row arithmetic), ``partition`` and ``build`` (the tree),
 ``morton`` (the queries' Morton order), ``radius`` and ``knn`` (the searches and their
-backwards). Each function is written once and compiled per float type (``template``).
+backwards), ``lists`` (radius neighbour lists, kNN graphs). Each function is written once and compiled per float type (``template``).
 """
 
 import functools
@@ -53,7 +53,7 @@ from typing import Any
 
 import warp as wp
 
-from . import build, dtypes, geometry, knn, morton, partition, radius, rows
+from . import build, dtypes, geometry, knn, lists, morton, partition, radius, rows
 from .template import instantiate
 
 # The most points per leaf: the fewest levels that leave at most this many, so 11 to 22 per
@@ -63,7 +63,7 @@ from .template import instantiate
 LEAF_SIZE = 22
 MORTON_BITS = morton.MORTON_BITS
 QUERY, REF, FEATURES, ONE_PASS = knn.QUERY, knn.REF, knn.FEATURES, radius.ONE_PASS
-_MODULES = (geometry, rows, partition, build, morton, knn, radius)
+_MODULES = (geometry, rows, partition, build, morton, knn, radius, lists)
 
 
 @functools.cache
@@ -81,7 +81,7 @@ _EXPORTED = (
     "tree_init", "tree_split", "tree_axes", "tree_keys", "tree_node_keys", "tree_gather", "tree_subtrees",
     "tree_up", "query_box", "query_keys", "radius_forward", "radius_backward_query", "radius_backward_ref",
     "pair_counts", "pairs_by_ref", "radius_backward_ref_pairs", "knn_search", "knn_backward",
-    "knn_aggregate_backward",
+    "knn_aggregate_backward", "radius_count", "list_offsets", "radius_fill", "list_backward", "knn_edges",
 )  # fmt: skip
 
 

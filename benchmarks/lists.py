@@ -1,0 +1,152 @@
+"""Radius neighbour lists and graphs: warpbridge against SciPy's cKDTree and Open3D, side by
+side in one process, on every distribution of ``distributions.py``.
+
+"radius lists": every reference point within the radius of each query (about 16 neighbours
+per query: the radius is the median 16th-nearest distance), as CSR (index, ptr) with the
+distances. warpbridge: ``wb.ops.radius`` (rows sorted by distance). cKDTree:
+``query_ball_point(workers=-1)`` turned into CSR with distances (NumPy). Open3D (when
+installed): ``NearestNeighborSearch.fixed_radius_search`` (nanoflann). The same neighbours are
+checked first. Then ``radius_graph`` on 10^6 points with about 30 neighbours each: time and
+peak memory. Medians of per-call wall times after warm-up; peak memory is the process's peak
+RSS above its level before the call (Linux).
+
+Usage: python benchmarks/lists.py [--sizes 10000,100000] [--quick] [--graph-points 1000000]
+       -> table + benchmarks/results/lists-<machine>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import date
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import distributions as D  # noqa: E402
+
+import warpbridge as wb  # noqa: E402
+from warpbridge._cli.measure import median_ms, peak_mib  # noqa: E402
+
+NEIGHBOURS = 16
+GRAPH_NEIGHBOURS = 30
+
+
+def ckdtree_lists(q: np.ndarray, r: np.ndarray, radius: float) -> tuple:
+    """cKDTree's ball query as CSR: (index, distance, ptr)."""
+    from scipy.spatial import cKDTree
+
+    lists = cKDTree(r).query_ball_point(q, radius, workers=-1, return_sorted=False)
+    counts = np.fromiter((len(x) for x in lists), np.int64, len(lists))
+    ptr = np.concatenate([[0], np.cumsum(counts)])
+    index = np.concatenate(lists).astype(np.int64) if ptr[-1] else np.zeros(0, np.int64)
+    rows = np.repeat(np.arange(len(q)), counts)
+    return index, np.linalg.norm(q[rows] - r[index], axis=1), ptr
+
+
+def open3d_lists(q: np.ndarray, r: np.ndarray, radius: float) -> tuple:
+    """Open3D's fixed-radius search (CPU, nanoflann): (index, distance, ptr)."""
+    import open3d.core as o3c
+
+    nns = o3c.nns.NearestNeighborSearch(o3c.Tensor.from_numpy(r))
+    nns.fixed_radius_index(radius)
+    index, d2, splits = nns.fixed_radius_search(o3c.Tensor.from_numpy(q), radius, sort=True)
+    return index.numpy(), np.sqrt(d2.numpy()), splits.numpy()
+
+
+def same_lists(a: tuple, b: tuple) -> bool:
+    """The same neighbour sets per query (orders may differ)."""
+    (ia, _, pa), (ib, _, pb) = a, b
+    if not np.array_equal(np.asarray(pa, np.int64), np.asarray(pb, np.int64)):
+        return False
+    return all(
+        np.array_equal(np.sort(ia[pa[i] : pa[i + 1]]), np.sort(ib[pb[i] : pb[i + 1]])) for i in range(len(pa) - 1)
+    )
+
+
+def run_one(name: str, n: int, repeat: int) -> dict:
+    r, q = D.make(name, n)
+    qt, rt = torch.from_numpy(q), torch.from_numpy(r)
+    radius = float(np.median(wb.ops.knn(qt, rt, NEIGHBOURS)[0][:, -1].numpy()))
+    nb = wb.ops.radius(qt, rt, radius)
+    ours = (nb.index.numpy(), nb.distance.numpy(), nb.ptr.numpy())
+    row: dict = {"distribution": name, "n": n, "m": len(q), "radius": radius, "pairs": int(nb.ptr[-1])}
+    row["same_as_ckdtree"] = same_lists(ours, ckdtree_lists(q, r, radius))
+    t = {"warpbridge": median_ms(lambda: wb.ops.radius(qt, rt, radius), "cpu", repeat)}
+    t["cKDTree"] = median_ms(lambda: ckdtree_lists(q, r, radius), "cpu", repeat)
+    if D.available("open3d"):
+        row["same_as_open3d"] = same_lists(ours, open3d_lists(q, r, radius))
+        t["Open3D"] = median_ms(lambda: open3d_lists(q, r, radius), "cpu", repeat)
+    row["ms"] = t
+    row["vs_ckdtree"] = t["cKDTree"] / t["warpbridge"]
+    if "Open3D" in t:
+        row["vs_open3d"] = t["Open3D"] / t["warpbridge"]
+    return row
+
+
+def graph_row(n: int, repeat: int) -> dict:
+    """radius_graph over n points with about GRAPH_NEIGHBOURS neighbours each."""
+    pos = torch.from_numpy(D.make("lidar rings + 20 far", n)[0])
+    r = float(wb.ops.knn(pos[:2000], pos, GRAPH_NEIGHBOURS + 1)[0][:, -1].median())
+    edges = wb.ops.radius_graph(pos, r)
+    row = {"n": n, "r": r, "edges": int(edges.shape[1]), "edges_per_point": edges.shape[1] / n}
+    row["ms"] = median_ms(lambda: wb.ops.radius_graph(pos, r), "cpu", repeat)
+    row["peak_mib"] = peak_mib(lambda: wb.ops.radius_graph(pos, r), "cpu")
+    row["output_mib"] = edges.numel() * 8 / 2**20
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="10000,100000")
+    p.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+    p.add_argument("--graph-points", type=int, default=1_000_000)
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = p.parse_args()
+    repeat = 3 if args.quick else 7
+    t0 = time.perf_counter()
+    rows = []
+    print(
+        f"{'distribution':28s} {'N':>9s} {'pairs':>9s} | {'warpbridge':>10s} {'cKDTree':>9s} {'Open3D':>8s} | vs cKDTree vs Open3D"
+    )
+    for n in (int(s) for s in args.sizes.split(",")):
+        for name in D.DISTRIBUTIONS:
+            row = run_one(name, n, repeat)
+            rows.append(row)
+            t = row["ms"]
+            o3d = f"{t['Open3D']:8.1f}" if "Open3D" in t else f"{'-':>8s}"
+            vs_o3d = f"{row['vs_open3d']:8.2f}x" if "vs_open3d" in row else f"{'-':>9s}"
+            same = "" if row["same_as_ckdtree"] and row.get("same_as_open3d", True) else "  DIFFERENT LISTS"
+            print(
+                f"{name:28s} {n:9,d} {row['pairs']:9,d} | {t['warpbridge']:10.1f} {t['cKDTree']:9.1f} {o3d} |"
+                f" {row['vs_ckdtree']:9.2f}x {vs_o3d}{same}"
+            )
+    graph = graph_row(args.graph_points, 3 if args.quick else 5)
+    print(
+        f"radius_graph: {graph['n']:,} points, {graph['edges_per_point']:.1f} edges each: {graph['ms']:.0f} ms, "
+        f"peak {graph['peak_mib']:.0f} MiB (the edge_index alone: {graph['output_mib']:.0f} MiB)"
+    )
+    meta = {
+        "date": date.today().isoformat(),
+        "device": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "open3d": D.available("open3d"),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"lists-{platform.machine()}-{os.cpu_count()}cpu.json")
+    with open(path, "w") as fh:
+        json.dump({"meta": meta, "rows": rows, "radius_graph": graph}, fh, indent=1)
+    print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""Radius neighbour lists and PyG-style graphs (``wb.ops.radius``, ``radius_graph``,
+``knn_graph``): the same neighbours as a dense float64 reference on clouds shaped like real
+data, rows nearest first, caps that keep the closest, self-loops as asked, distances whose
+gradients match autograd through a dense formula, and bad input refused before any launch."""
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+import torch
+import warp as wp
+
+import warpbridge as wb
+from warpbridge import WarpBridgeError
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+_spec = importlib.util.spec_from_file_location("distributions", os.path.join(ROOT, "benchmarks", "distributions.py"))
+D = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(D)
+
+
+def cloud(name, n=2000, seed=0, dtype=torch.float64):
+    r, q = D.make(name, n, seed)
+    return torch.from_numpy(r).to(dtype), torch.from_numpy(q).to(dtype)
+
+
+def dense_distances(q, r):
+    """|q_i - r_j| in float64 from the differences (cdist's matrix-product form rounds more)."""
+    q, r = q.double(), r.double()
+    return torch.cat([(q[s : s + 64, None, :] - r[None]).norm(dim=-1) for s in range(0, q.shape[0], 64)])
+
+
+def dense_lists(q, r, radius, cap=None, skip_self=False):
+    """Each query's neighbours within ``radius`` as (index, distance) rows sorted by (distance,
+    index), computed densely in float64 from the same float values."""
+    d = dense_distances(q, r)
+    rows = []
+    for i in range(q.shape[0]):
+        inside = torch.nonzero(d[i] <= radius).flatten()
+        if skip_self:
+            inside = inside[inside != i]
+        order = sorted(inside.tolist(), key=lambda j: (d[i, j].item(), j))
+        rows.append(order[:cap] if cap else order)
+    return rows, d
+
+
+def rows_of(nb):
+    ptr = nb.ptr.tolist()
+    return [nb.index[ptr[i] : ptr[i + 1]].tolist() for i in range(len(ptr) - 1)]
+
+
+def near_cutoff(d, radius, rel=1e-5):
+    """Whether a distance lies within float32 rounding of the radius."""
+    return ((d - radius).abs() <= rel * radius).any().item()
+
+
+@pytest.mark.parametrize("name", list(D.DISTRIBUTIONS))
+def test_radius_lists_match_a_dense_reference(name, tree_build):
+    r, q = cloud(name)
+    radius = float(dense_distances(q[:200], r).kthvalue(12, dim=1).values.median())
+    nb = wb.ops.radius(q, r, radius)
+    want, d = dense_lists(q, r, radius)
+    # same neighbours, nearest first, ties (duplicated points) by the smaller index
+    assert rows_of(nb) == want
+    assert nb.count.tolist() == [len(w) for w in want]
+    assert nb.ptr[0] == 0 and torch.equal(torch.diff(nb.ptr), nb.count)
+    assert nb.index.dtype == torch.int64 and nb.ptr.dtype == torch.int64 and nb.count.dtype == torch.int64
+    row = torch.repeat_interleave(torch.arange(q.shape[0]), nb.count)
+    torch.testing.assert_close(nb.distance, d[row, nb.index], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_float32_lists_and_many_queries_in_morton_order(threads):
+    """Above QUERY_ORDER_MIN queries (Morton order), float32, both thread counts."""
+    wb.ops.set_num_threads(threads)
+    try:
+        r, q = cloud("lidar rings + 20 far", n=90_000, seed=3, dtype=torch.float32)
+        q = q[:17_000]
+        radius = 0.4
+        nb = wb.ops.radius(q, r, radius)
+        want, d = dense_lists(q[:300], r, radius)
+        clean = [i for i in range(300) if not near_cutoff(d[i], radius)]  # float32 may round either way there
+        assert len(clean) > 250
+        got = rows_of(nb)
+        assert [got[i] for i in clean] == [want[i] for i in clean]
+        assert int(nb.ptr[-1]) == nb.index.shape[0] == int(nb.count.sum())
+    finally:
+        wb.ops.set_num_threads(None)
+
+
+def test_max_neighbors_keeps_the_closest_and_count_shows_the_cut():
+    r, q = cloud("duplicated points", n=1500, seed=1)
+    radius = float(dense_distances(q, r).kthvalue(40, dim=1).values.median())
+    full = wb.ops.radius(q, r, radius)
+    capped = wb.ops.radius(q, r, radius, max_neighbors=5)
+    want, _ = dense_lists(q, r, radius, cap=5)
+    assert rows_of(capped) == want
+    assert torch.equal(capped.count, full.count)
+    assert torch.equal(torch.diff(capped.ptr), full.count.clamp(max=5))
+    assert (full.count > 5).any()  # the cap did cut
+
+
+def test_loop_false_drops_only_the_point_itself():
+    r, _ = cloud("duplicated points", n=1200, seed=2)
+    radius = 0.05
+    with_self = rows_of(wb.ops.radius(r, r, radius))
+    without = rows_of(wb.ops.radius(r, r, radius, loop=False))
+    want, _ = dense_lists(r, r, radius, skip_self=True)
+    assert without == want
+    assert all(i in row for i, row in enumerate(with_self))
+    assert all(i not in row for i, row in enumerate(without))
+    assert any(len(row) > 0 for row in without)  # duplicates stay neighbours of each other
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_distance_gradients_match_autograd_through_the_dense_formula(dtype):
+    r, q = cloud("gaussian", n=800, seed=4, dtype=dtype)
+    radius = 0.5
+    q.requires_grad_()
+    r.requires_grad_()
+    nb = wb.ops.radius(q, r, radius)
+    w = torch.linspace(-1, 1, nb.distance.numel(), dtype=dtype)
+    (nb.distance * w).sum().backward()
+    q64, r64 = q.detach().double().requires_grad_(), r.detach().double().requires_grad_()
+    row = torch.repeat_interleave(torch.arange(q.shape[0]), nb.count)
+    ((q64[row] - r64[nb.index]).norm(dim=1) * w.double()).sum().backward()
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(q.grad.double(), q64.grad, **tol)
+    torch.testing.assert_close(r.grad.double(), r64.grad, **tol)
+
+
+def test_coincident_points_get_a_zero_gradient_not_nan():
+    x = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.1, 0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    nb = wb.ops.radius(x, x, 0.5)
+    nb.distance.sum().backward()
+    assert torch.isfinite(x.grad).all()
+    # point 2 is pulled away from both others: d/dx2 of |x2 - x0| + |x2 - x1| (twice: both directions)
+    torch.testing.assert_close(x.grad[2], torch.tensor([4.0, 0.0, 0.0], dtype=torch.float64))
+
+
+def test_radius_graph_is_pyg_edge_index():
+    r, _ = cloud("sphere surface", n=1000, seed=5)
+    ei = wb.ops.radius_graph(r, 0.1)
+    assert ei.shape[0] == 2 and ei.dtype == torch.int64
+    nb = wb.ops.radius(r, r, 0.1, loop=False)
+    assert torch.equal(ei[0], nb.index)  # row 0: the neighbour (source)
+    assert torch.equal(ei[1], torch.repeat_interleave(torch.arange(1000), nb.count))  # row 1: the centre
+    assert not (ei[0] == ei[1]).any()
+    with_loops = wb.ops.radius_graph(r, 0.1, loop=True)
+    assert with_loops.shape[1] == ei.shape[1] + 1000
+    capped = wb.ops.radius_graph(r, 0.1, max_neighbors=3)
+    assert torch.bincount(capped[1], minlength=1000).max() <= 3
+
+
+@pytest.mark.parametrize("loop", [False, True])
+def test_knn_graph_matches_a_dense_reference(loop):
+    r, _ = cloud("duplicated points", n=900, seed=6)
+    k = 6
+    ei = wb.ops.knn_graph(r, k, loop=loop)
+    assert ei.shape == (2, 900 * k) and ei.dtype == torch.int64
+    d = dense_distances(r, r)
+    if not loop:
+        d.fill_diagonal_(float("inf"))
+    for i in range(0, 900, 7):
+        want = sorted(range(900), key=lambda j: (d[i, j].item(), j))[:k]
+        assert ei[0, i * k : (i + 1) * k].tolist() == want
+        assert (ei[1, i * k : (i + 1) * k] == i).all()
+    if not loop:
+        assert not (ei[0] == ei[1]).any()
+        assert (d[ei[1], ei[0]] == 0).any()  # duplicates of a point are its neighbours
+
+
+def test_knn_graph_gives_minus_one_for_a_point_that_is_not_finite():
+    x = torch.randn(50, 3, dtype=torch.float64)
+    x[7, 0] = float("nan")
+    ei = wb.ops.knn_graph(x, 3)
+    assert (ei[0, 21:24] == -1).all() and (ei[1, 21:24] == 7).all()
+    assert not (ei[0] == 7).any()  # and nobody's neighbour
+
+
+def test_empty_clouds_and_empty_lists():
+    q = torch.rand(5, 3, dtype=torch.float64) + 10
+    r = torch.rand(8, 3, dtype=torch.float64)
+    nb = wb.ops.radius(q, r, 0.1)
+    assert nb.index.shape == (0,) and nb.ptr.tolist() == [0] * 6 and nb.count.tolist() == [0] * 5
+    nb = wb.ops.radius(torch.zeros(0, 3, dtype=torch.float64), r, 0.1)
+    assert nb.ptr.tolist() == [0] and nb.index.shape == (0,)
+    nb = wb.ops.radius(q, torch.zeros(0, 3, dtype=torch.float64), 0.1)
+    assert nb.count.tolist() == [0] * 5
+
+
+def test_numpy_and_warp_inputs_give_their_own_arrays():
+    r, q = cloud("uniform", n=500, seed=7)
+    nb = wb.ops.radius(q.numpy(), r.numpy(), 0.2)
+    assert isinstance(nb.index, np.ndarray) and isinstance(nb.ptr, np.ndarray)
+    assert rows_of(wb.ops.radius(q, r, 0.2)) == [
+        nb.index[nb.ptr[i] : nb.ptr[i + 1]].tolist() for i in range(q.shape[0])
+    ]
+    ei = wb.ops.knn_graph(r.numpy(), 4)
+    assert isinstance(ei, np.ndarray) and ei.shape == (2, 2000)
+    nb_wp = wb.ops.radius(wp.array(q.numpy(), dtype=wp.vec3d), wp.array(r.numpy(), dtype=wp.vec3d), 0.2)
+    assert isinstance(nb_wp.index, wp.array) and np.array_equal(nb_wp.index.numpy(), nb.index)
+
+
+def test_half_precision_is_searched_in_float32():
+    r, q = cloud("gaussian", n=600, seed=8, dtype=torch.float32)
+    nb16 = wb.ops.radius(q.half(), r.half(), 0.3)
+    nb32 = wb.ops.radius(q.half().float(), r.half().float(), 0.3)
+    assert torch.equal(nb16.index, nb32.index) and nb16.distance.dtype == torch.float16
+
+
+def test_callers_tensors_are_not_modified():
+    r, q = cloud("clusters" if "clusters" in D.DISTRIBUTIONS else "20 tight clusters", n=700, seed=9)
+    before = (q.clone(), r.clone())
+    wb.ops.radius(q, r, 0.2, max_neighbors=4)
+    wb.ops.radius_graph(r, 0.2)
+    wb.ops.knn_graph(r, 3)
+    assert torch.equal(q, before[0]) and torch.equal(r, before[1])
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda q, r: wb.ops.radius(q, r, 0.1, max_neighbors=0), "'max_neighbors' must be None or a positive int"),
+        (lambda q, r: wb.ops.radius(q, r, 0.1, max_neighbors=2.5), "'max_neighbors' must be None or a positive int"),
+        (lambda q, r: wb.ops.radius(q, r, 0.1, loop=1), "'loop' must be True or False"),
+        (lambda q, r: wb.ops.radius(q, r, -1.0), "'radius' must be positive"),
+        (lambda q, r: wb.ops.radius(q, r[:, :2], 0.1), r"'ref' must have shape \(N, 3\)"),
+        (lambda q, r: wb.ops.radius(q, r.float(), 0.1), "must share one dtype"),
+        (lambda q, r: wb.ops.radius_graph(r, 0.0), "'r' must be positive"),
+        (lambda q, r: wb.ops.knn_graph(r, 10), r"1 <= k <= N - 1 = 9"),
+        (lambda q, r: wb.ops.knn_graph(r, 10, loop=True), None),
+        (lambda q, r: wb.ops.knn_graph(r, 11, loop=True), r"1 <= k <= N = 10"),
+        (lambda q, r: wb.ops.knn_graph(r, 2.0), "'k' must be an int"),
+        (lambda q, r: wb.ops.knn_graph(r[:, :2], 2), r"'x' must have shape \(N, 3\)"),
+    ],
+)
+def test_bad_input_is_refused_before_launch(call, match):
+    q, r = torch.rand(4, 3, dtype=torch.float64), torch.rand(10, 3, dtype=torch.float64)
+    if match is None:
+        assert call(q, r).shape == (2, 100)
+        return
+    with pytest.raises(WarpBridgeError, match=match):
+        call(q, r)
+
+
+@pytest.mark.compile
+def test_compile_knn_graph_fullgraph_and_radius_with_a_graph_break():
+    r, q = cloud("gaussian", n=400, seed=10, dtype=torch.float32)
+
+    def graph(x):
+        return wb.ops.knn_graph(x, 5)
+
+    compiled = torch.compile(graph, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(r), graph(r))
+
+    def mean_distance(q, r):
+        return wb.ops.radius(q, r, 0.4).distance.mean()
+
+    ins = [t.clone().requires_grad_() for t in (q, r)]
+    ins2 = [t.clone().requires_grad_() for t in (q, r)]
+    compiled = torch.compile(mean_distance, backend="aot_eager")  # the host read breaks the graph
+    torch.testing.assert_close(compiled(*ins), mean_distance(*ins2))
+    for a, b in zip(torch.autograd.grad(compiled(*ins), ins), torch.autograd.grad(mean_distance(*ins2), ins2)):
+        torch.testing.assert_close(a, b)
+
+
+def test_check_op_on_the_list_ops():
+    """The list ops are wb.op ops: finite differences on the distances, untouched inputs,
+    torch.library.opcheck on their registered custom ops."""
+    from warpbridge.ops import _declared_lists
+    from warpbridge.testing import check_op
+
+    ops = _declared_lists.declared("float64")
+    r, q = cloud("uniform", n=150, seed=11)
+    radius = 0.3
+    _, d = dense_lists(q, r, radius)
+    keep = ~((d - radius).abs() < 0.02).any(1)  # finite differences must not straddle the cut-off
+    q = q[keep][:25]
+    ins = [q.clone().requires_grad_(), r.clone().requires_grad_()]
+    count, ptr = ops.radius_count(*ins, radius, 1000, 0)
+    check_op(ops.radius_list, *ins, ptr, radius, 0, int(ptr[-1]))

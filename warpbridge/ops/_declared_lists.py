@@ -1,0 +1,115 @@
+"""The neighbour-list ops, declared with ``wb.op`` like the aggregations (see ``_declared``).
+
+A radius list takes two ops, because its length is known only once the neighbours are
+counted: ``radius_count`` (each query's neighbour count, and the row offsets of the capped
+lists), then, with the total read on the host, ``radius_list`` (the edges and their
+distances, differentiable w.r.t. both point sets). Each builds its own kd-tree (per-thread
+scratch on the CPU). ``knn_graph`` is one op: its size is k per point.
+
+No ``from __future__ import annotations`` here: the launch functions' Warp annotations are
+built per float type and must be objects, not strings.
+"""
+
+import functools
+import types
+from typing import Any
+
+import warp as wp
+
+from .._core.op import op as _declare
+from . import _declared, _launch, _tree
+
+# The cap on a row when there is none: more than any row can hold.
+NO_CAP = (1 << 31) - 1
+
+
+def _searched_tree(k: Any, query: wp.array, ref: wp.array, queries: wp.array) -> Any:
+    """The kd-tree over ``ref`` (scratch), its struct, and the queries' order in ``queries``."""
+    tree = _tree.tree(k, ref)
+    _tree.query_order(k, query, tree, queries, query.device, None, ref)
+    return _tree.tree_struct(k, tree)
+
+
+def _count(k, query, ref, radius, cap, skip_self, count, ptr):
+    m, device = query.shape[0], query.device
+    queries = wp.empty(m, dtype=wp.int32, device=device)
+    tree = _searched_tree(k, query, ref, queries)
+    _declared._launch(k.radius_count, m, [query, tree, radius, skip_self, queries], [count], device)
+    wp.launch(k.list_offsets, dim=1, inputs=[count, cap, ptr], device=device)
+
+
+def _fill(k, query, ref, ptr, radius, skip_self, edges, distance, queries):
+    tree = _searched_tree(k, query, ref, queries)
+    before = [query, tree, radius, skip_self, ptr, queries]
+    _declared._launch(k.radius_fill, query.shape[0], before, [edges, distance], query.device)
+
+
+def _fill_backward(k, query, ref, edges, ptr, queries, grad, dq, dr, needs):
+    m, device = query.shape[0], query.device
+    if not any(needs):
+        return
+    slots = _launch.slots(device, m)
+    r_slots = _declared._thread_copies(dr, slots, needs[1])
+    grads = _declared._struct(k.Grads, d_query=dq, d_ref=dr, ref_slots=r_slots)
+    before = [query, ref, edges, ptr, grad, _declared._needs(needs), queries]
+    _launch.launch_queries(k.list_backward, m, slots, before, [grads], device, None, scatter=True)
+    _declared._add_copies(r_slots, dr)
+
+
+def _knn_graph(k, x, kk, skip_self, edges):
+    m, device = x.shape[0], x.device
+    found = kk + skip_self  # one more where the point itself is left out
+    queries = wp.empty(m, dtype=wp.int32, device=device)
+    tree = _searched_tree(k, x, x, queries)
+    dist = wp.empty((m, found), dtype=k.T, device=device)
+    idx = wp.empty((m, found), dtype=wp.int64, device=device)
+    none = _launch.nothing((0, 0), k.T, device)
+    _declared._launch(k.knn_search, m, [x, tree, found, none, 1.0, queries], [dist, idx, none], device)
+    wp.launch(k.knn_edges, dim=m, inputs=[idx, kk, skip_self, edges], device=device)
+
+
+@functools.cache
+def declared(dtype: str) -> types.SimpleNamespace:
+    """The list ops for one float type ("float32" or "float64"), made on first use."""
+    T = wp.float32 if dtype == "float32" else wp.float64
+    Points, Counts, Edges = wp.array(dtype=wp.types.vector(3, T)), wp.array(dtype=wp.int64), wp.array2d(dtype=wp.int64)
+    Index = wp.array(dtype=wp.int32)
+
+    def kernels(device: Any) -> Any:
+        return _launch.kernels_for(dtype, device)
+
+    def radius_count(query: Points, ref: Points, radius: T, cap: int, skip_self: int, count: Counts, ptr: Counts):
+        _count(kernels(query.device), query, ref, radius, cap, skip_self, count, ptr)
+
+    def radius_list(
+        query: Points, ref: Points, ptr: Counts, radius: T, skip_self: int, n_pairs: int,
+        distance: wp.array(dtype=T), edges: Edges, queries: Index,
+    ):  # fmt: skip
+        _fill(kernels(query.device), query, ref, ptr, radius, skip_self, edges, distance, queries)
+
+    def radius_list_backward(
+        query: Points, ref: Points, ptr: Counts, radius: T, skip_self: int, n_pairs: int,
+        distance: wp.array(dtype=T), edges: Edges, queries: Index,
+        adj_distance: wp.array(dtype=T), adj_query: Points, adj_ref: Points, *, needs_input_grad,
+    ):  # fmt: skip
+        k = kernels(query.device)
+        _fill_backward(k, query, ref, edges, ptr, queries, adj_distance, adj_query, adj_ref, needs_input_grad)
+
+    def knn_graph(x: Points, k: int, skip_self: int, edges: Edges):
+        _knn_graph(kernels(x.device), x, k, skip_self, edges)
+
+    for f in (radius_count, radius_list, radius_list_backward, knn_graph):
+        f.__qualname__ = f"{f.__name__}_{dtype}"  # its own registered name per float type
+
+    def list_dims(query, ref, ptr, radius, skip_self, n_pairs):
+        return {"distance": (n_pairs,), "edges": (2, n_pairs), "queries": (query[0],)}
+
+    return types.SimpleNamespace(
+        radius_count=_declare(
+            radius_count, num_outputs=2, output_dims=lambda q, r, *_: {"count": (q[0],), "ptr": (q[0] + 1,)}
+        ),
+        radius_list=_declare(
+            radius_list, num_outputs=3, aux=("queries",), output_dims=list_dims, backward=radius_list_backward
+        ),
+        knn_graph=_declare(knn_graph, num_outputs=1, output_dims=lambda x, k, s: (2, x[0] * k)),
+    )

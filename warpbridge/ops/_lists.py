@@ -1,0 +1,142 @@
+"""Neighbour lists and graphs: radius lists in CSR form, and PyG's ``edge_index`` graphs.
+
+See ``docs/pyg.md`` for the conventions and what differs from ``torch_cluster``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, NamedTuple
+
+from .._core.errors import describe, fail
+from . import _declared_lists
+from ._checks import adapter_of, check_clouds, positive, widen
+
+
+class Neighbors(NamedTuple):
+    """Radius neighbour lists, CSR over the queries: query ``i``'s neighbours are
+    ``index[ptr[i]:ptr[i + 1]]``, at ``distance[ptr[i]:ptr[i + 1]]``, nearest first (ties by
+    the smaller index)."""
+
+    index: Any  #: (E,) int64 reference indices
+    distance: Any  #: (E,) distances, differentiable w.r.t. both point sets
+    ptr: Any  #: (M + 1,) int64 row offsets
+    count: Any  #: (M,) int64 neighbours within the radius of each query, before any cap
+
+
+def radius(query: Any, ref: Any, radius: float, *, max_neighbors: int | None = None, loop: bool = True) -> Neighbors:
+    """Every reference point within ``radius`` of each query point, as lists.
+
+    Args:
+        query: (M, 3) query points.
+        ref: (N, 3) reference points, same dtype and device.
+        radius: search radius, > 0 (a point at exactly ``radius`` is in).
+        max_neighbors: keep only the closest this many per query (ties by the smaller index);
+            ``count`` still says how many there were. None (default): keep all.
+        loop: False leaves out the pair ``j == i`` (for ``query`` and ``ref`` the same cloud).
+
+    Returns:
+        :class:`Neighbors` ``(index, distance, ptr, count)``. ``distance`` is differentiable
+        w.r.t. ``query`` and ``ref`` (0 where two points coincide).
+
+    Raises:
+        WarpBridgeError: wrong types, shapes, dtypes or devices; radius not > 0;
+            max_neighbors not a positive int; the call traced (``jax.jit``), where the
+            number of pairs cannot be read.
+
+    Example::
+
+        nb = wb.ops.radius(points, points, 0.05, loop=False)
+        mean_dist = torch.segment_reduce(nb.distance, "mean", offsets=nb.ptr)
+    """
+    edges, distance, ptr, count = _lists("radius", query, ref, radius, max_neighbors, loop)
+    return Neighbors(edges[0], distance, ptr, count)
+
+
+def radius_graph(x: Any, r: float, *, loop: bool = False, max_neighbors: int | None = None) -> Any:
+    """The radius graph of a point cloud as PyG's ``edge_index``: (2, E) int64, row 0 the
+    neighbour ``j`` (source), row 1 the centre ``i`` (target), for every pair within ``r``;
+    grouped by centre, nearest first.
+
+    Args:
+        x: (N, 3) points.
+        r: radius, > 0.
+        loop: whether each point is its own neighbour (default: no).
+        max_neighbors: keep only the closest this many per point; None (default): all.
+
+    Raises:
+        WarpBridgeError: as :func:`radius`.
+
+    Example::
+
+        edge_index = wb.ops.radius_graph(pos, r=0.1)
+    """
+    return _lists("radius_graph", x, x, r, max_neighbors, loop)[0]
+
+
+def knn_graph(x: Any, k: int, *, loop: bool = False) -> Any:
+    """The k-nearest-neighbour graph of a point cloud as PyG's ``edge_index``: (2, N * k) int64,
+    row 0 the neighbour ``j`` (source), row 1 the centre ``i`` (target); point ``i``'s edges at
+    ``i * k`` onwards, nearest first (ties by the smaller index). With ``loop=False`` a point
+    is not its own neighbour, duplicates of it are. A point that is not finite has none
+    (index -1).
+
+    Args:
+        x: (N, 3) points.
+        k: neighbours per point: ``1 <= k <= N - 1`` (``N`` with ``loop=True``).
+        loop: whether each point may be its own neighbour (default: no).
+
+    Raises:
+        WarpBridgeError: wrong types, shapes or dtypes; k out of range.
+
+    Example::
+
+        edge_index = wb.ops.knn_graph(pos, k=16)
+    """
+    op = "knn_graph"
+    a = adapter_of(op, {"x": x})
+    dtype = check_clouds(op, a, {"x": x})
+    skip_self = _skip_self(op, loop)
+    n = a.info(x)[1][0]
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise fail(op, f"'k' must be an int, got {describe(k)}")
+    if not 1 <= k <= n - skip_self:
+        most = "N" if loop else "N - 1"
+        raise fail(op, f"'k' must satisfy 1 <= k <= {most} = {n - skip_self} (loop={loop}), got {int(k)}")
+    args, ops, _ = widen(op, a, {"x": x}, dtype)
+    return ops.knn_graph(*args, int(k), skip_self)
+
+
+def _lists(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any) -> tuple:
+    """(edges (2, E), distance, ptr, count) of the radius lists."""
+    arrays = {"query": query, "ref": ref} if op == "radius" else {"x": query}
+    a = adapter_of(op, arrays)
+    dtype = check_clouds(op, a, arrays)
+    r = positive(op, "radius" if op == "radius" else "r", r, dtype)
+    cap = _cap(op, max_neighbors)
+    skip_self = _skip_self(op, loop)
+    args, ops, half = widen(op, a, arrays, dtype)
+    args = args * 2 if len(args) == 1 else args
+    count, ptr = ops.radius_count(*args, r, cap, skip_self)
+    try:
+        n_pairs = a.int_at(ptr, -1)
+    except Exception as e:  # a tracer (jax.jit): the size of the result depends on the data
+        raise fail(
+            op, f"the number of neighbour pairs depends on the data and cannot be read while tracing: {e}"
+        ) from e
+    distance, edges = ops.radius_list(*args, ptr, r, skip_self, n_pairs)
+    return edges, (a.cast(distance, half) if half else distance), ptr, count
+
+
+def _cap(op: str, max_neighbors: Any) -> int:
+    if max_neighbors is None:
+        return _declared_lists.NO_CAP
+    if isinstance(max_neighbors, bool) or not isinstance(max_neighbors, numbers.Integral) or max_neighbors < 1:
+        raise fail(op, f"'max_neighbors' must be None or a positive int, got {describe(max_neighbors)}")
+    return int(max_neighbors)
+
+
+def _skip_self(op: str, loop: Any) -> int:
+    if not isinstance(loop, bool):
+        raise fail(op, f"'loop' must be True or False, got {describe(loop)}")
+    return 0 if loop else 1

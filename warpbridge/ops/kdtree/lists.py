@@ -1,0 +1,187 @@
+"""Radius neighbour lists (CSR over the queries) and the gradient of their distances.
+
+A list is built in two passes over the same walk (``geometry.ball_first``/``ball_next``):
+``radius_count`` counts each query's neighbours; the caller turns the counts, capped at
+``cap``, into row offsets (``list_offsets``); ``radius_fill`` then fills each query's row with
+its closest ``cap`` neighbours (all of them when there are fewer), in ascending distance,
+ties by index, through a bounded max-heap of the row (O(count log cap) per query).
+"""
+
+from __future__ import annotations
+
+import warp as wp
+
+from .dtypes import Grads, T, Tree, V
+from .geometry import ball_first, ball_next, levels, norm, query_at, sq_bound
+from .knn import QUERY, REF
+from .rows import sub_from_ref
+from .template import func, kernel
+
+
+@kernel
+def radius_count(
+    query: wp.array(dtype=V),
+    tree: Tree,
+    radius: T,
+    skip_self: int,
+    queries: wp.array(dtype=wp.int32),
+    stride: int,
+    offset: int,
+    counts: wp.array(dtype=wp.int64),
+):
+    # Query i's neighbours within the radius (j == i left out with skip_self).
+    i = query_at(wp.tid() * stride + offset, queries)
+    q, order = query[i], tree.order
+    reach = sq_bound(radius)
+    depth = levels(tree.lo.shape[0] // 2)
+    count = int(0)
+    at = ball_first(tree, q, reach, radius, depth)
+    while at[0] > 0:
+        if skip_self == 0 or order[at[1]] != i:
+            count += 1
+        at = ball_next(tree, q, reach, radius, depth, wp.vec3i(at[0], at[1] + 1, at[2]))
+    counts[i] = wp.int64(count)
+
+
+@kernel
+def list_offsets(counts: wp.array(dtype=wp.int64), cap: int, ptr: wp.array(dtype=wp.int64)):
+    # One thread: ptr[i] = sum of min(counts, cap) before query i (ptr has M + 1 entries).
+    total = wp.int64(0)
+    for i in range(counts.shape[0]):
+        ptr[i] = total
+        total += wp.min(counts[i], wp.int64(cap))
+    ptr[counts.shape[0]] = total
+
+
+@func
+def before(da: T, ja: wp.int64, db: T, jb: wp.int64) -> bool:
+    # (da, ja) sorts before (db, jb): nearer, or as near with a smaller index.
+    return da < db or (da == db and ja < jb)
+
+
+@func
+def swap(dist: wp.array(dtype=T), idx: wp.array(dtype=wp.int64), a: int, b: int):
+    d = dist[a]
+    j = idx[a]
+    dist[a] = dist[b]
+    idx[a] = idx[b]
+    dist[b] = d
+    idx[b] = j
+
+
+@func
+def sift_down(dist: wp.array(dtype=T), idx: wp.array(dtype=wp.int64), s: int, top: int, size: int):
+    # Restore the max-heap (by `before`) of the size entries at s.. below entry top.
+    k = top
+    while 2 * k + 1 < size:
+        c = 2 * k + 1
+        if c + 1 < size and before(dist[s + c], idx[s + c], dist[s + c + 1], idx[s + c + 1]):
+            c += 1
+        if not before(dist[s + k], idx[s + k], dist[s + c], idx[s + c]):
+            return
+        swap(dist, idx, s + k, s + c)
+        k = c
+
+
+@func
+def heap_push(dist: wp.array(dtype=T), idx: wp.array(dtype=wp.int64), s: int, size: int, d: T, j: wp.int64):
+    # Add (d, j) to the max-heap of the size entries at s.. (room for one more).
+    k = size
+    dist[s + k] = d
+    idx[s + k] = j
+    while k > 0:
+        p = (k - 1) // 2
+        if not before(dist[s + p], idx[s + p], dist[s + k], idx[s + k]):
+            return
+        swap(dist, idx, s + k, s + p)
+        k = p
+
+
+@kernel
+def radius_fill(
+    query: wp.array(dtype=V),
+    tree: Tree,
+    radius: T,
+    skip_self: int,
+    ptr: wp.array(dtype=wp.int64),
+    queries: wp.array(dtype=wp.int32),
+    stride: int,
+    offset: int,
+    edges: wp.array2d(dtype=wp.int64),
+    distance: wp.array(dtype=T),
+):
+    # Query i's row [ptr[i], ptr[i + 1]): its closest neighbours j, ascending (distance, j),
+    # as edges (j, i): edges[0] the neighbours, edges[1] the query (PyG's source and target).
+    i = query_at(wp.tid() * stride + offset, queries)
+    q, order = query[i], tree.order
+    s, room = int(ptr[i]), int(ptr[i + 1] - ptr[i])
+    reach = sq_bound(radius)
+    depth = levels(tree.lo.shape[0] // 2)
+    index = edges[0]
+    size = int(0)
+    at = ball_first(tree, q, reach, radius, depth)
+    while at[0] > 0 and room > 0:
+        j = wp.int64(order[at[1]])
+        if skip_self == 0 or j != wp.int64(i):
+            d = norm(q - tree.points[at[1]])
+            if size < room:
+                heap_push(distance, index, s, size, d, j)
+                size += 1
+            elif before(d, j, distance[s], index[s]):
+                distance[s] = d
+                index[s] = j
+                sift_down(distance, index, s, 0, size)
+        at = ball_next(tree, q, reach, radius, depth, wp.vec3i(at[0], at[1] + 1, at[2]))
+    while size > 1:  # heapsort: the largest to the end, in turn
+        size -= 1
+        swap(distance, index, s, s + size)
+        sift_down(distance, index, s, 0, size)
+    for e in range(s, s + room):
+        edges[1, e] = wp.int64(i)
+
+
+@kernel
+def list_backward(
+    query: wp.array(dtype=V),
+    ref: wp.array(dtype=V),
+    edges: wp.array2d(dtype=wp.int64),
+    ptr: wp.array(dtype=wp.int64),
+    grad: wp.array(dtype=T),
+    needs: int,
+    queries: wp.array(dtype=wp.int32),
+    stride: int,
+    offset: int,
+    grads: Grads,
+):
+    # The distances' gradient, row by row (see knn_backward).
+    i, slot = query_at(wp.tid() * stride + offset, queries), offset % stride
+    q = query[i]
+    dq = V(T(0.0))
+    for e in range(int(ptr[i]), int(ptr[i + 1])):
+        j = int(edges[0, e])
+        diff = q - ref[j]
+        d = norm(diff)
+        if d > T(0.0):
+            v = diff * (grad[e] / d)
+            dq += v
+            if (needs & REF) != 0:
+                sub_from_ref(grads, slot, j, v)
+    if (needs & QUERY) != 0:
+        grads.d_query[i] = dq
+
+
+@kernel
+def knn_edges(idx: wp.array2d(dtype=wp.int64), k: int, skip_self: int, edges: wp.array2d(dtype=wp.int64)):
+    # Query i's k nearest as edges (j, i) at i * k onwards, j == i left out with skip_self
+    # (the search found k + 1 then); -1 where there are fewer (a point that is not finite).
+    i = wp.tid()
+    n = int(0)
+    for c in range(idx.shape[1]):
+        j = idx[i, c]
+        if n < k and j >= wp.int64(0) and (skip_self == 0 or j != wp.int64(i)):
+            edges[0, i * k + n] = j
+            edges[1, i * k + n] = wp.int64(i)
+            n += 1
+    for c in range(n, k):
+        edges[0, i * k + c] = wp.int64(-1)
+        edges[1, i * k + c] = wp.int64(i)
