@@ -279,5 +279,5 @@ def test_check_op_on_the_list_ops():
     keep = ~((d - radius).abs() < 0.02).any(1)  # finite differences must not straddle the cut-off
     q = q[keep][:25]
     ins = [q.clone().requires_grad_(), r.clone().requires_grad_()]
-    count, ptr = ops.radius_count(*ins, radius, 1000, 0)
-    check_op(ops.radius_list, *ins, ptr, radius, 0, int(ptr[-1]))
+    count, ptr, order, queries = ops.radius_count(*ins, radius, 1000, 0)
+    check_op(ops.radius_list, *ins, ptr, order, queries, radius, 0, 1000, int(ptr[-1]))

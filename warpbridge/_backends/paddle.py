@@ -161,8 +161,11 @@ def cast(a: paddle.Tensor, dtype_name: str) -> paddle.Tensor:
 
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     pr = _validate.prepare(op, args, launch_dims, output_dims, _Paddle)
-    needs = paddle.is_grad_enabled() and any(
-        not t.stop_gradient for p, t in zip(op.sig.array_inputs, pr.arrays) if p.differentiable
+    # no node where no output carries a gradient (Paddle would call its backward all the same)
+    needs = (
+        paddle.is_grad_enabled()
+        and any(op.float_outputs)
+        and any(not t.stop_gradient for p, t in zip(op.sig.array_inputs, pr.arrays) if p.differentiable)
     )
     if needs:
         return _Apply.apply(op, pr, *pr.arrays)

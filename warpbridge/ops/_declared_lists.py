@@ -1,10 +1,11 @@
 """The neighbour-list ops, declared with ``wb.op`` like the aggregations (see ``_declared``).
 
 A radius list takes two ops, because its length is known only once the neighbours are
-counted: ``radius_count`` (each query's neighbour count, and the row offsets of the capped
-lists), then, with the total read on the host, ``radius_list`` (the edges and their
-distances, differentiable w.r.t. both point sets). Each builds its own kd-tree (per-thread
-scratch on the CPU). ``knn_graph`` is one op: its size is k per point.
+counted: ``radius_count`` (each query's neighbour count, the row offsets of the capped lists,
+and the kd-tree's and the queries' orders), then, with the total read on the host,
+``radius_list`` (the edges and their distances, differentiable w.r.t. both point sets), which
+rebuilds the tree from its order without splitting (``_tree.tree_of_order``). ``knn_graph`` is
+one op: its size is k per point.
 
 No ``from __future__ import annotations`` here: the launch functions' Warp annotations are
 built per float type and must be objects, not strings.
@@ -30,17 +31,23 @@ def _searched_tree(k: Any, query: wp.array, ref: wp.array, queries: wp.array) ->
     return _tree.tree_struct(k, tree)
 
 
-def _count(k, query, ref, radius, cap, skip_self, count, ptr):
+def _count(k, query, ref, radius, cap, skip_self, count, ptr, order, queries):
+    """Each query's neighbour count, the capped rows' offsets; the tree's order and the
+    queries' order, which ``_fill`` takes up again."""
     m, device = query.shape[0], query.device
-    queries = wp.empty(m, dtype=wp.int32, device=device)
-    tree = _searched_tree(k, query, ref, queries)
-    _declared._launch(k.radius_count, m, [query, tree, radius, skip_self, queries], [count], device)
+    dims = _tree.tree_dims(ref.shape[0])
+    arrays = (order, *(_launch.kept(name, dims[name], k.V, device) for name in _tree.TREE[1:4]))
+    arrays += (_launch.kept("min_index", dims["min_index"], wp.int32, device),)
+    _tree.tree(k, ref, arrays)
+    _tree.query_order(k, query, arrays, queries, device, None, ref)
+    before = [query, _tree.tree_struct(k, arrays), radius, skip_self, queries]
+    _declared._launch(k.radius_count, m, before, [count], device)
     wp.launch(k.list_offsets, dim=1, inputs=[count, cap, ptr], device=device)
 
 
-def _fill(k, query, ref, ptr, radius, skip_self, edges, distance, queries):
-    tree = _searched_tree(k, query, ref, queries)
-    before = [query, tree, radius, skip_self, ptr, queries]
+def _fill(k, query, ref, ptr, order, queries, radius, skip_self, cap, edges, distance):
+    tree = _tree.tree_struct(k, _tree.tree_of_order(k, ref, order))
+    before = [query, tree, radius, skip_self, cap, ptr, queries]
     _declared._launch(k.radius_fill, query.shape[0], before, [edges, distance], query.device)
 
 
@@ -78,18 +85,21 @@ def declared(dtype: str) -> types.SimpleNamespace:
     def kernels(device: Any) -> Any:
         return _launch.kernels_for(dtype, device)
 
-    def radius_count(query: Points, ref: Points, radius: T, cap: int, skip_self: int, count: Counts, ptr: Counts):
-        _count(kernels(query.device), query, ref, radius, cap, skip_self, count, ptr)
+    def radius_count(
+        query: Points, ref: Points, radius: T, cap: int, skip_self: int,
+        count: Counts, ptr: Counts, order: Index, queries: Index,
+    ):  # fmt: skip
+        _count(kernels(query.device), query, ref, radius, cap, skip_self, count, ptr, order, queries)
 
     def radius_list(
-        query: Points, ref: Points, ptr: Counts, radius: T, skip_self: int, n_pairs: int,
-        distance: wp.array(dtype=T), edges: Edges, queries: Index,
+        query: Points, ref: Points, ptr: Counts, order: Index, queries: Index,
+        radius: T, skip_self: int, cap: int, n_pairs: int, distance: wp.array(dtype=T), edges: Edges,
     ):  # fmt: skip
-        _fill(kernels(query.device), query, ref, ptr, radius, skip_self, edges, distance, queries)
+        _fill(kernels(query.device), query, ref, ptr, order, queries, radius, skip_self, cap, edges, distance)
 
     def radius_list_backward(
-        query: Points, ref: Points, ptr: Counts, radius: T, skip_self: int, n_pairs: int,
-        distance: wp.array(dtype=T), edges: Edges, queries: Index,
+        query: Points, ref: Points, ptr: Counts, order: Index, queries: Index,
+        radius: T, skip_self: int, cap: int, n_pairs: int, distance: wp.array(dtype=T), edges: Edges,
         adj_distance: wp.array(dtype=T), adj_query: Points, adj_ref: Points, *, needs_input_grad,
     ):  # fmt: skip
         k = kernels(query.device)
@@ -101,15 +111,14 @@ def declared(dtype: str) -> types.SimpleNamespace:
     for f in (radius_count, radius_list, radius_list_backward, knn_graph):
         f.__qualname__ = f"{f.__name__}_{dtype}"  # its own registered name per float type
 
-    def list_dims(query, ref, ptr, radius, skip_self, n_pairs):
-        return {"distance": (n_pairs,), "edges": (2, n_pairs), "queries": (query[0],)}
+    def count_dims(query, ref, *_):
+        return {"count": (query[0],), "ptr": (query[0] + 1,), "order": (ref[0],), "queries": (query[0],)}
+
+    def list_dims(query, ref, ptr, order, queries, radius, skip_self, cap, n_pairs):
+        return {"distance": (n_pairs,), "edges": (2, n_pairs)}
 
     return types.SimpleNamespace(
-        radius_count=_declare(
-            radius_count, num_outputs=2, output_dims=lambda q, r, *_: {"count": (q[0],), "ptr": (q[0] + 1,)}
-        ),
-        radius_list=_declare(
-            radius_list, num_outputs=3, aux=("queries",), output_dims=list_dims, backward=radius_list_backward
-        ),
+        radius_count=_declare(radius_count, num_outputs=4, output_dims=count_dims),
+        radius_list=_declare(radius_list, num_outputs=2, output_dims=list_dims, backward=radius_list_backward),
         knn_graph=_declare(knn_graph, num_outputs=1, output_dims=lambda x, k, s: (2, x[0] * k)),
     )

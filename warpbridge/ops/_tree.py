@@ -43,6 +43,26 @@ def tree(k: Any, points: wp.array, into: tuple | None = None) -> tuple:
     return into
 
 
+def tree_of_order(k: Any, points: wp.array, order: wp.array) -> tuple:
+    """The kd-tree over ``points`` whose order a build already found (``order``, as ``tree``
+    leaves it): the points gathered again and the boxes merged bottom-up, without splitting
+    (scratch). The same arrays as the build's, bit for bit, at a fraction of its cost."""
+    n, device = points.shape[0], points.device
+    dims = tree_dims(n)
+    pts, lo, hi = (_launch.kept(f"{name}_again", dims[name], k.V, device) for name in TREE[1:4])
+    min_index = _launch.kept("min_index_again", dims["min_index"], wp.int32, device)
+    _launch.launch_queries(k.tree_regather, n, _launch.threads(device, n // 32), [points, order], [pts], device, None)
+    leaves = lo.shape[0] // 2
+    boxes = [lo, hi, min_index]
+    _launch.launch_queries(
+        k.tree_leaf_boxes, leaves, _launch.threads(device, leaves), [pts, order], boxes, device, None
+    )
+    for level in reversed(range(leaves.bit_length() - 1)):
+        width = 1 << level
+        _launch.launch_queries(k.tree_up, width, min(width, _cpu(device)), [width], boxes, device, None, scatter=True)
+    return order, pts, lo, hi, min_index
+
+
 _STRUCTS = threading.local()  # this thread's last (tree arrays, Tree struct) per module
 
 

@@ -93,6 +93,34 @@ def tree_init(
 
 
 @kernel
+def tree_regather(
+    points: wp.array(dtype=V), order: wp.array(dtype=wp.int32), stride: int, offset: int, pts: wp.array(dtype=V)
+):
+    # The tree's points again, in the order a build left (tree_init's mapping of non-finite ones).
+    t = wp.tid() * stride + offset
+    p = points[order[t]]
+    if not finite(p):
+        p = V(T(wp.inf))
+    pts[t] = p
+
+
+@kernel
+def tree_leaf_boxes(
+    pts: wp.array(dtype=V),
+    order: wp.array(dtype=wp.int32),
+    stride: int,
+    offset: int,
+    lo: wp.array(dtype=V),
+    hi: wp.array(dtype=V),
+    min_index: wp.array(dtype=wp.int32),
+):
+    # Each leaf's box and smallest index, as tree_subtrees takes them.
+    leaf = wp.tid() * stride + offset
+    n, leaves = pts.shape[0], lo.shape[0] // 2
+    node_box(pts, order, part(leaf, n, leaves), part(leaf + 1, n, leaves), leaves + leaf, lo, hi, min_index)
+
+
+@kernel
 def tree_split(
     pts: wp.array(dtype=V),
     order: wp.array(dtype=wp.int32),

@@ -17,6 +17,8 @@ from .knn import QUERY, REF
 from .rows import sub_from_ref
 from .template import func, kernel
 
+SHORT_ROW = 32  # rows up to this long are sorted by insertion
+
 
 @kernel
 def radius_count(
@@ -97,12 +99,39 @@ def heap_push(dist: wp.array(dtype=T), idx: wp.array(dtype=wp.int64), s: int, si
         k = p
 
 
+@func
+def sort_row(dist: wp.array(dtype=T), idx: wp.array(dtype=wp.int64), s: int, size: int, unsorted: bool):
+    # Sort the size entries at s ascending by (distance, index): a short unsorted row by
+    # insertion, a longer one made a max-heap first; then a heap sort.
+    if unsorted and size <= SHORT_ROW:
+        for a in range(s + 1, s + size):
+            d = dist[a]
+            j = idx[a]
+            b = a
+            while b > s and before(d, j, dist[b - 1], idx[b - 1]):
+                dist[b] = dist[b - 1]
+                idx[b] = idx[b - 1]
+                b -= 1
+            dist[b] = d
+            idx[b] = j
+        return
+    if unsorted:
+        for top in range(size // 2 - 1, -1, -1):
+            sift_down(dist, idx, s, top, size)
+    n = size
+    while n > 1:  # the largest to the end, in turn
+        n -= 1
+        swap(dist, idx, s, s + n)
+        sift_down(dist, idx, s, 0, n)
+
+
 @kernel
 def radius_fill(
     query: wp.array(dtype=V),
     tree: Tree,
     radius: T,
     skip_self: int,
+    cap: int,
     ptr: wp.array(dtype=wp.int64),
     queries: wp.array(dtype=wp.int32),
     stride: int,
@@ -124,7 +153,11 @@ def radius_fill(
         j = wp.int64(order[at[1]])
         if skip_self == 0 or j != wp.int64(i):
             d = norm(q - tree.points[at[1]])
-            if size < room:
+            if room < cap:  # every neighbour fits (the row is shorter than the cap): in turn
+                distance[s + size] = d
+                index[s + size] = j
+                size += 1
+            elif size < room:  # the row may be cut: a max-heap of the closest so far
                 heap_push(distance, index, s, size, d, j)
                 size += 1
             elif before(d, j, distance[s], index[s]):
@@ -132,10 +165,7 @@ def radius_fill(
                 index[s] = j
                 sift_down(distance, index, s, 0, size)
         at = ball_next(tree, q, reach, radius, depth, wp.vec3i(at[0], at[1] + 1, at[2]))
-    while size > 1:  # heapsort: the largest to the end, in turn
-        size -= 1
-        swap(distance, index, s, s + size)
-        sift_down(distance, index, s, 0, size)
+    sort_row(distance, index, s, size, room < cap)
     for e in range(s, s + room):
         edges[1, e] = wp.int64(i)
 
