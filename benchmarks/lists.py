@@ -70,7 +70,7 @@ def differences(a: tuple, b: tuple, q: np.ndarray, r: np.ndarray, radius: float)
         for j in set(ia[pa[i] : pa[i + 1]].tolist()) ^ set(ib[pb[i] : pb[i + 1]].tolist()):
             odd += 1
             d = np.linalg.norm(q[i].astype(np.float64) - r[j].astype(np.float64))
-            at_cutoff += abs(d - radius) <= 1e-6 * radius
+            at_cutoff += int(abs(d - radius) <= 1e-6 * radius)
     return odd, at_cutoff
 
 
@@ -95,8 +95,8 @@ def run_one(name: str, n: int, repeat: int) -> dict:
 
 
 def graph_row(n: int, repeat: int) -> dict:
-    """radius_graph over n points with about GRAPH_NEIGHBOURS neighbours each."""
-    pos = torch.from_numpy(D.make("lidar rings + 20 far", n)[0])
+    """radius_graph over n uniform points with about GRAPH_NEIGHBOURS neighbours each."""
+    pos = torch.from_numpy(D.make("uniform", n)[0])
     sample = pos[torch.randperm(n, generator=torch.Generator().manual_seed(0))[:2000]]
     r = float(wb.ops.knn(sample, pos, GRAPH_NEIGHBOURS + 1)[0][:, -1].median())
     edges = wb.ops.radius_graph(pos, r)

@@ -279,5 +279,23 @@ def test_check_op_on_the_list_ops():
     keep = ~((d - radius).abs() < 0.02).any(1)  # finite differences must not straddle the cut-off
     q = q[keep][:25]
     ins = [q.clone().requires_grad_(), r.clone().requires_grad_()]
-    count, ptr, order, queries = ops.radius_count(*ins, radius, 1000, 0)
-    check_op(ops.radius_list, *ins, ptr, order, queries, radius, 0, 1000, int(ptr[-1]))
+    count, ptr, order, queries, listed = ops.radius_count(*ins, radius, 1000, 0)
+    check_op(ops.radius_list, *ins, ptr, order, queries, listed, radius, 0, 1000, int(ptr[-1]))
+
+
+@pytest.mark.parametrize("name", ["lidar rings + 20 far", "duplicated points", "one far outlier"])
+def test_a_tree_rebuilt_from_its_order_is_the_built_tree(name):
+    """radius_list takes up the count's tree from its order alone (no splits): the same
+    points, boxes and smallest indices as the build made."""
+    import warp as wp
+
+    from warpbridge.ops import _launch, _tree
+
+    r, _ = cloud(name, n=5000, seed=12, dtype=torch.float32)
+    r[7, 2] = float("nan")  # a point that is not finite sorts last either way
+    k = _launch.kernels_for("float32", wp.get_device("cpu"))
+    points = wp.from_torch(r, dtype=wp.vec3)
+    built = [a.numpy().copy() for a in _tree.tree(k, points)]
+    again = [a.numpy() for a in _tree.tree_of_order(k, points, wp.array(built[0], dtype=wp.int32))]
+    for a, b in zip(built, again):
+        np.testing.assert_array_equal(a[1:], b[1:])  # node 0 is unused

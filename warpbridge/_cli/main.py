@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-BENCHMARKS = ("overhead", "neighbors", "grad_buffer", "memory_pool", "launch_functions")
+BENCHMARKS = ("overhead", "neighbors", "grad_buffer", "memory_pool", "launch_functions", "lists")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -239,6 +239,14 @@ def _chart_sections(name: str, data: dict) -> dict | None:
             f"radius aggregation at N = {n:,}: speed-up over cKDTree + torch (x)": {
                 r["distribution"]: r["radius_vs_best_peer"] for r in rows if r["n"] == n and "radius_vs_best_peer" in r
             },
+        }
+    elif name.startswith("lists"):
+        n = max(r["n"] for r in data["rows"])
+        sections = {
+            f"radius lists at N = {n:,}: speed-up of warpbridge over {peer} (x)": {
+                r["distribution"]: r[key] for r in data["rows"] if r["n"] == n and key in r
+            }
+            for peer, key in (("cKDTree", "vs_ckdtree"), ("Open3D", "vs_open3d"))
         }
     elif name.startswith("scale"):
         rows = data["rows"]

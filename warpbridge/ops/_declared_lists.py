@@ -22,6 +22,15 @@ from . import _declared, _launch, _tree
 
 # The cap on a row when there is none: more than any row can hold.
 NO_CAP = (1 << 31) - 1
+# radius_count lists each query's first LISTED neighbours (their places in the tree), fewer
+# when the list would pass LISTED_BYTES: radius_fill walks the tree again only for the
+# queries that have more.
+LISTED = 64
+LISTED_BYTES = 64 << 20
+
+
+def listed_neighbours(m: int) -> int:
+    return max(1, min(LISTED, LISTED_BYTES // (4 * max(m, 1))))
 
 
 def _searched_tree(k: Any, query: wp.array, ref: wp.array, queries: wp.array) -> Any:
@@ -31,7 +40,7 @@ def _searched_tree(k: Any, query: wp.array, ref: wp.array, queries: wp.array) ->
     return _tree.tree_struct(k, tree)
 
 
-def _count(k, query, ref, radius, cap, skip_self, count, ptr, order, queries):
+def _count(k, query, ref, radius, cap, skip_self, count, ptr, order, queries, listed):
     """Each query's neighbour count, the capped rows' offsets; the tree's order and the
     queries' order, which ``_fill`` takes up again."""
     m, device = query.shape[0], query.device
@@ -41,13 +50,13 @@ def _count(k, query, ref, radius, cap, skip_self, count, ptr, order, queries):
     _tree.tree(k, ref, arrays)
     _tree.query_order(k, query, arrays, queries, device, None, ref)
     before = [query, _tree.tree_struct(k, arrays), radius, skip_self, queries]
-    _declared._launch(k.radius_count, m, before, [count], device)
+    _declared._launch(k.radius_count, m, before, [count, listed], device)
     wp.launch(k.list_offsets, dim=1, inputs=[count, cap, ptr], device=device)
 
 
-def _fill(k, query, ref, ptr, order, queries, radius, skip_self, cap, edges, distance):
+def _fill(k, query, ref, ptr, order, queries, listed, radius, skip_self, cap, edges, distance):
     tree = _tree.tree_struct(k, _tree.tree_of_order(k, ref, order))
-    before = [query, tree, radius, skip_self, cap, ptr, queries]
+    before = [query, tree, radius, skip_self, cap, ptr, listed, queries]
     _declared._launch(k.radius_fill, query.shape[0], before, [edges, distance], query.device)
 
 
@@ -80,25 +89,26 @@ def declared(dtype: str) -> types.SimpleNamespace:
     """The list ops for one float type ("float32" or "float64"), made on first use."""
     T = wp.float32 if dtype == "float32" else wp.float64
     Points, Counts, Edges = wp.array(dtype=wp.types.vector(3, T)), wp.array(dtype=wp.int64), wp.array2d(dtype=wp.int64)
-    Index = wp.array(dtype=wp.int32)
+    Index, Listed = wp.array(dtype=wp.int32), wp.array2d(dtype=wp.int32)
 
     def kernels(device: Any) -> Any:
         return _launch.kernels_for(dtype, device)
 
     def radius_count(
         query: Points, ref: Points, radius: T, cap: int, skip_self: int,
-        count: Counts, ptr: Counts, order: Index, queries: Index,
+        count: Counts, ptr: Counts, order: Index, queries: Index, listed: Listed,
     ):  # fmt: skip
-        _count(kernels(query.device), query, ref, radius, cap, skip_self, count, ptr, order, queries)
+        _count(kernels(query.device), query, ref, radius, cap, skip_self, count, ptr, order, queries, listed)
 
     def radius_list(
-        query: Points, ref: Points, ptr: Counts, order: Index, queries: Index,
+        query: Points, ref: Points, ptr: Counts, order: Index, queries: Index, listed: Listed,
         radius: T, skip_self: int, cap: int, n_pairs: int, distance: wp.array(dtype=T), edges: Edges,
     ):  # fmt: skip
-        _fill(kernels(query.device), query, ref, ptr, order, queries, radius, skip_self, cap, edges, distance)
+        k = kernels(query.device)
+        _fill(k, query, ref, ptr, order, queries, listed, radius, skip_self, cap, edges, distance)
 
     def radius_list_backward(
-        query: Points, ref: Points, ptr: Counts, order: Index, queries: Index,
+        query: Points, ref: Points, ptr: Counts, order: Index, queries: Index, listed: Listed,
         radius: T, skip_self: int, cap: int, n_pairs: int, distance: wp.array(dtype=T), edges: Edges,
         adj_distance: wp.array(dtype=T), adj_query: Points, adj_ref: Points, *, needs_input_grad,
     ):  # fmt: skip
@@ -112,13 +122,20 @@ def declared(dtype: str) -> types.SimpleNamespace:
         f.__qualname__ = f"{f.__name__}_{dtype}"  # its own registered name per float type
 
     def count_dims(query, ref, *_):
-        return {"count": (query[0],), "ptr": (query[0] + 1,), "order": (ref[0],), "queries": (query[0],)}
+        m = query[0]
+        return {
+            "count": (m,),
+            "ptr": (m + 1,),
+            "order": (ref[0],),
+            "queries": (m,),
+            "listed": (m, listed_neighbours(m)),
+        }
 
-    def list_dims(query, ref, ptr, order, queries, radius, skip_self, cap, n_pairs):
+    def list_dims(query, ref, ptr, order, queries, listed, radius, skip_self, cap, n_pairs):
         return {"distance": (n_pairs,), "edges": (2, n_pairs)}
 
     return types.SimpleNamespace(
-        radius_count=_declare(radius_count, num_outputs=4, output_dims=count_dims),
+        radius_count=_declare(radius_count, num_outputs=5, output_dims=count_dims),
         radius_list=_declare(radius_list, num_outputs=2, output_dims=list_dims, backward=radius_list_backward),
         knn_graph=_declare(knn_graph, num_outputs=1, output_dims=lambda x, k, s: (2, x[0] * k)),
     )

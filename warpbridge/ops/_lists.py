@@ -117,14 +117,14 @@ def _lists(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any)
     skip_self = _skip_self(op, loop)
     args, ops, half = widen(op, a, arrays, dtype)
     args = args * 2 if len(args) == 1 else args
-    count, ptr, order, queries = ops.radius_count(*args, r, cap, skip_self)
+    count, ptr, order, queries, listed = ops.radius_count(*args, r, cap, skip_self)
     try:
         n_pairs = a.int_at(ptr, -1)
     except Exception as e:  # a tracer (jax.jit): the size of the result depends on the data
         raise fail(
             op, f"the number of neighbour pairs depends on the data and cannot be read while tracing: {e}"
         ) from e
-    distance, edges = ops.radius_list(*args, ptr, order, queries, r, skip_self, cap, n_pairs)
+    distance, edges = ops.radius_list(*args, ptr, order, queries, listed, r, skip_self, cap, n_pairs)
     return edges, (a.cast(distance, half) if half else distance), ptr, count
 
 

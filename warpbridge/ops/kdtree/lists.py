@@ -17,7 +17,7 @@ from .knn import QUERY, REF
 from .rows import sub_from_ref
 from .template import func, kernel
 
-SHORT_ROW = 32  # rows up to this long are sorted by insertion
+SHORT_ROW = 64  # rows up to this long are sorted by insertion
 
 
 @kernel
@@ -30,8 +30,10 @@ def radius_count(
     stride: int,
     offset: int,
     counts: wp.array(dtype=wp.int64),
+    listed: wp.array2d(dtype=wp.int32),
 ):
-    # Query i's neighbours within the radius (j == i left out with skip_self).
+    # Query i's neighbours within the radius (j == i left out with skip_self); the first ones'
+    # places in the tree, as many as fit in `listed`, so that radius_fill need not walk again.
     i = query_at(wp.tid() * stride + offset, queries)
     q, order = query[i], tree.order
     reach = sq_bound(radius)
@@ -40,6 +42,8 @@ def radius_count(
     at = ball_first(tree, q, reach, radius, depth)
     while at[0] > 0:
         if skip_self == 0 or order[at[1]] != i:
+            if count < listed.shape[1]:
+                listed[i, count] = at[1]
             count += 1
         at = ball_next(tree, q, reach, radius, depth, wp.vec3i(at[0], at[1] + 1, at[2]))
     counts[i] = wp.int64(count)
@@ -125,6 +129,35 @@ def sort_row(dist: wp.array(dtype=T), idx: wp.array(dtype=wp.int64), s: int, siz
         sift_down(dist, idx, s, 0, n)
 
 
+@func
+def walk_row(
+    tree: Tree, q: V, i: int, reach: T, radius: T, depth: int, skip_self: int, fits: bool,
+    s: int, room: int, distance: wp.array(dtype=T), index: wp.array(dtype=wp.int64),
+) -> int:  # fmt: skip
+    # Query i's row at s, from a walk: every neighbour in turn where they all fit, else a
+    # max-heap of the room closest so far. Returns how many it holds.
+    order = tree.order
+    size = int(0)
+    at = ball_first(tree, q, reach, radius, depth)
+    while at[0] > 0:
+        j = wp.int64(order[at[1]])
+        if skip_self == 0 or j != wp.int64(i):
+            d = norm(q - tree.points[at[1]])
+            if fits:
+                distance[s + size] = d
+                index[s + size] = j
+                size += 1
+            elif size < room:
+                heap_push(distance, index, s, size, d, j)
+                size += 1
+            elif before(d, j, distance[s], index[s]):
+                distance[s] = d
+                index[s] = j
+                sift_down(distance, index, s, 0, size)
+        at = ball_next(tree, q, reach, radius, depth, wp.vec3i(at[0], at[1] + 1, at[2]))
+    return size
+
+
 @kernel
 def radius_fill(
     query: wp.array(dtype=V),
@@ -133,6 +166,7 @@ def radius_fill(
     skip_self: int,
     cap: int,
     ptr: wp.array(dtype=wp.int64),
+    listed: wp.array2d(dtype=wp.int32),
     queries: wp.array(dtype=wp.int32),
     stride: int,
     offset: int,
@@ -147,24 +181,14 @@ def radius_fill(
     reach = sq_bound(radius)
     depth = levels(tree.lo.shape[0] // 2)
     index = edges[0]
-    size = int(0)
-    at = ball_first(tree, q, reach, radius, depth)
-    while at[0] > 0 and room > 0:
-        j = wp.int64(order[at[1]])
-        if skip_self == 0 or j != wp.int64(i):
-            d = norm(q - tree.points[at[1]])
-            if room < cap:  # every neighbour fits (the row is shorter than the cap): in turn
-                distance[s + size] = d
-                index[s + size] = j
-                size += 1
-            elif size < room:  # the row may be cut: a max-heap of the closest so far
-                heap_push(distance, index, s, size, d, j)
-                size += 1
-            elif before(d, j, distance[s], index[s]):
-                distance[s] = d
-                index[s] = j
-                sift_down(distance, index, s, 0, size)
-        at = ball_next(tree, q, reach, radius, depth, wp.vec3i(at[0], at[1] + 1, at[2]))
+    size = room
+    if room < cap and room <= listed.shape[1]:  # every neighbour fits, and radius_count listed them
+        for c in range(room):
+            t = listed[i, c]
+            distance[s + c] = norm(q - tree.points[t])
+            index[s + c] = wp.int64(order[t])
+    elif room > 0:
+        size = walk_row(tree, q, i, reach, radius, depth, skip_self, room < cap, s, room, distance, index)
     sort_row(distance, index, s, size, room < cap)
     for e in range(s, s + room):
         edges[1, e] = wp.int64(i)
