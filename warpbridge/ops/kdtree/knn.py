@@ -11,7 +11,7 @@ import warp as wp
 from . import template
 from .dtypes import STACK, Grads, Nearest, Rows, T, Tree, V
 from .geometry import norm, query_at
-from .rows import add_feature_row, feature_dot, row_dot, sub_from_ref
+from .rows import add_feature_row, feature_dot, pull_on_distance, row_dot, sub_from_ref
 from .template import kernel
 
 # Which gradients a backward computes (its `needs`, a sum of these).
@@ -260,13 +260,7 @@ def knn_backward(
     for n in range(idx.shape[1]):
         j = idx[i, n]
         if j >= wp.int64(0):
-            diff = q - ref[j]
-            d = norm(diff)
-            if d > T(0.0):
-                v = diff * (grad[i, n] / d)
-                dq += v
-                if (needs & REF) != 0:
-                    sub_from_ref(grads, slot, int(j), v)
+            dq += pull_on_distance(grads, (needs & REF) != 0, slot, q, ref[j], int(j), grad[i, n])
     if (needs & QUERY) != 0:
         grads.d_query[i] = dq
 

@@ -14,7 +14,7 @@ import warp as wp
 from .dtypes import Grads, T, Tree, V
 from .geometry import ball_first, ball_next, levels, norm, query_at, sq_bound
 from .knn import QUERY, REF
-from .rows import sub_from_ref
+from .rows import pull_on_distance
 from .template import func, kernel
 
 SHORT_ROW = 64  # rows up to this long are sorted by insertion
@@ -213,13 +213,7 @@ def list_backward(
     dq = V(T(0.0))
     for e in range(int(ptr[i]), int(ptr[i + 1])):
         j = int(edges[0, e])
-        diff = q - ref[j]
-        d = norm(diff)
-        if d > T(0.0):
-            v = diff * (grad[e] / d)
-            dq += v
-            if (needs & REF) != 0:
-                sub_from_ref(grads, slot, j, v)
+        dq += pull_on_distance(grads, (needs & REF) != 0, slot, q, ref[j], j, grad[e])
     if (needs & QUERY) != 0:
         grads.d_query[i] = dq
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import warp as wp
 
 from .dtypes import V4, Grads, Rows, T, V
+from .geometry import norm
 from .template import func
 
 
@@ -111,3 +112,17 @@ def sub_from_ref(grads: Grads, slot: int, j: int, v: V):
         wp.atomic_sub(grads.d_ref, j, v)
     else:
         wp.atomic_sub(grads.ref_slots, slot - 1, j, v)
+
+
+@func
+def pull_on_distance(grads: Grads, needs_ref: bool, slot: int, q: V, r: V, j: int, g: T) -> V:
+    # The gradient g of the distance |q - r_j| w.r.t. q, returned: diff (g / d), 0 where they
+    # coincide; its opposite goes into r_j's gradient where asked (see sub_from_ref).
+    diff = q - r
+    d = norm(diff)
+    v = V(T(0.0))
+    if d > T(0.0):
+        v = diff * (g / d)
+        if needs_ref:
+            sub_from_ref(grads, slot, j, v)
+    return v
