@@ -110,6 +110,53 @@ def _duplicates(g, n):
     return np.repeat(base, 50, axis=0)[:n]
 
 
+def _lidar_sweep(g, n):
+    # One sweep of a 64-beam sensor 1.8 m above flat ground (elevations -25..+15 deg): rays
+    # down hit the ground, so rings thin out with range; rays up hit walls 10-150 m away.
+    # Exact duplicate returns make up 10% of the points (the sensor reports some twice).
+    m = n - n // 10
+    el = np.deg2rad(np.linspace(-25, 15, 64))[g.integers(0, 64, m)]
+    az = g.uniform(0, 2 * np.pi, m)
+    wall = g.uniform(10, 150, m)
+    ground = 1.8 / np.maximum(np.sin(-el), 1e-3)
+    rng = np.where(el < 0, np.minimum(ground, wall), wall) * (1 + 0.002 * g.standard_normal(m))
+    pts = np.stack([rng * np.cos(el) * np.cos(az), rng * np.cos(el) * np.sin(az), 1.8 + rng * np.sin(el)], 1)
+    return np.concatenate([pts, pts[g.integers(0, m, n - m)]])
+
+
+def _room(g, n):
+    # An indoor scan: the floor, ceiling and four walls of a 6 x 5 x 3 m room, and three boxes
+    # of furniture, sampled uniformly by area (about 1-2 cm apart at 10^5 points), 2 mm noise.
+    boxes = [
+        ((0, 0, 0), (6, 5, 3)),
+        ((0.5, 0.5, 0), (2.5, 1.5, 0.75)),
+        ((4, 3, 0), (5, 4.5, 1.2)),
+        ((3, 0.2, 0), (3.6, 0.8, 2)),
+    ]
+    faces = []
+    for lo, hi in boxes:
+        lo, hi = np.array(lo, float), np.array(hi, float)
+        for axis in range(3):
+            for at in (lo[axis], hi[axis]):
+                faces.append((axis, at, lo, hi))
+    areas = np.array([np.prod(np.delete(hi - lo, axis)) for axis, _, lo, hi in faces])
+    face = g.choice(len(faces), n, p=areas / areas.sum())
+    pts = np.empty((n, 3))
+    for k, (axis, at, lo, hi) in enumerate(faces):
+        sel = face == k
+        pts[sel] = g.uniform(lo, hi, (sel.sum(), 3))
+        pts[sel, axis] = at
+    return pts + 0.002 * g.standard_normal((n, 3))
+
+
+def _object_scan(g, n):
+    # A scanned object: a closed surface (a torus with bumps, 10 cm across), 0.2 mm noise.
+    u, v = g.uniform(0, 2 * np.pi, n), g.uniform(0, 2 * np.pi, n)
+    tube = 0.015 * (1 + 0.3 * np.sin(5 * u) * np.cos(3 * v))
+    p = np.stack([(0.035 + tube * np.cos(v)) * np.cos(u), (0.035 + tube * np.cos(v)) * np.sin(u), tube * np.sin(v)], 1)
+    return p + 2e-4 * g.standard_normal((n, 3))
+
+
 DISTRIBUTIONS = {
     "uniform": _uniform,
     "gaussian": _gauss,
@@ -119,7 +166,14 @@ DISTRIBUTIONS = {
     "one far outlier": _outlier,
     "points along a line": _line,
     "duplicated points": _duplicates,
+    "lidar sweep 150 m, 10% duplicates": _lidar_sweep,
+    "indoor room planes": _room,
+    "object scan, closed surface": _object_scan,
+    "object scan, 30^3 grid queries": _object_scan,
 }
+# Queries on a grid over the cloud's box (the tutorial's 30^3 grid), mostly far from the
+# surface, instead of near the points.
+GRID_QUERIES = {"object scan, 30^3 grid queries"}
 
 
 def make(name: str, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -128,6 +182,10 @@ def make(name: str, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     from scipy.spatial import cKDTree
 
     m = max(1, n // 5)
+    if name in GRID_QUERIES:
+        side = max(2, round(m ** (1 / 3)))
+        axes = [np.linspace(lo, hi, side) for lo, hi in zip(r.min(0), r.max(0))]
+        return r, np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3).astype(np.float32)
     # Queries sit about one point spacing (the median distance to the nearest other point,
     # over distinct points) away from a reference point.
     d, _ = cKDTree(r).query(r[g.integers(0, n, min(n, 2000))], 60)
