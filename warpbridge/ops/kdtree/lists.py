@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import warp as wp
 
+from . import template
 from .dtypes import Grads, T, Tree, V
 from .geometry import ball_first, ball_next, levels, norm, query_at, sq_bound
 from .knn import QUERY, REF
 from .rows import pull_on_distance
 from .template import func, kernel
-
-SHORT_ROW = 64  # rows up to this long are sorted by insertion
 
 
 @kernel
@@ -103,30 +102,60 @@ def heap_push(dist: wp.array(dtype=T), idx: wp.array(dtype=wp.int64), s: int, si
         k = p
 
 
-@func
-def sort_row(dist: wp.array(dtype=T), idx: wp.array(dtype=wp.int64), s: int, size: int, unsorted: bool):
-    # Sort the size entries at s ascending by (distance, index): a short unsorted row by
-    # insertion, a longer one made a max-heap first; then a heap sort.
-    if unsorted and size <= SHORT_ROW:
-        for a in range(s + 1, s + size):
-            d = dist[a]
-            j = idx[a]
-            b = a
-            while b > s and before(d, j, dist[b - 1], idx[b - 1]):
-                dist[b] = dist[b - 1]
-                idx[b] = idx[b - 1]
-                b -= 1
-            dist[b] = d
-            idx[b] = j
-        return
-    if unsorted:
-        for top in range(size // 2 - 1, -1, -1):
-            sift_down(dist, idx, s, top, size)
-    n = size
-    while n > 1:  # the largest to the end, in turn
-        n -= 1
-        swap(dist, idx, s, s + n)
-        sift_down(dist, idx, s, 0, n)
+# sort_row: the size entries at s ascending by (distance, index), the order of `before`. A
+# quicksort (median of three, Hoare's partition; the larger part waits on the stack, which so
+# holds at most log2(size) ranges) down to ranges of 16, sorted by insertion. Native code:
+# with a heap sort written in Warp instead, radius_list took 124 ms against 98 on a LiDAR
+# sweep of 10^5 points (2.4 * 10^6 pairs, about 120 per query).
+_SORT_SNIPPET = r"""
+typedef REAL Real;
+char* const dp = (char*)dist.data;
+char* const ip = (char*)idx.data;
+const size_t ds = (size_t)dist.strides[0], is = (size_t)idx.strides[0];
+auto D = [&](int t) -> Real& { return *(Real*)(dp + (size_t)t * ds); };
+auto J = [&](int t) -> wp::int64& { return *(wp::int64*)(ip + (size_t)t * is); };
+auto less = [](Real da, wp::int64 ja, Real db, wp::int64 jb) { return da < db || (da == db && ja < jb); };
+auto swap = [&](int a, int b) {
+    const Real d = D(a); D(a) = D(b); D(b) = d;
+    const wp::int64 j = J(a); J(a) = J(b); J(b) = j;
+};
+int los[64], his[64];
+int sp = 0, lo = s, hi = s + size - 1;
+for (;;) {
+    while (hi - lo > 16) {
+        const int mid = lo + (hi - lo) / 2;
+        if (less(D(mid), J(mid), D(lo), J(lo))) swap(mid, lo);
+        if (less(D(hi), J(hi), D(lo), J(lo))) swap(hi, lo);
+        if (less(D(hi), J(hi), D(mid), J(mid))) swap(hi, mid);
+        const Real pd = D(mid);
+        const wp::int64 pj = J(mid);
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (less(D(i), J(i), pd, pj)) ++i;
+            while (less(pd, pj, D(j), J(j))) --j;
+            if (i <= j) { swap(i, j); ++i; --j; }
+        }
+        if (j - lo < hi - i) { los[sp] = i; his[sp] = hi; ++sp; hi = j; }
+        else { los[sp] = lo; his[sp] = j; ++sp; lo = i; }
+    }
+    for (int a = lo + 1; a <= hi; ++a) {
+        const Real d = D(a);
+        const wp::int64 jj = J(a);
+        int b = a;
+        while (b > lo && less(d, jj, D(b - 1), J(b - 1))) { D(b) = D(b - 1); J(b) = J(b - 1); --b; }
+        D(b) = d;
+        J(b) = jj;
+    }
+    if (sp == 0) break;
+    --sp;
+    lo = los[sp];
+    hi = his[sp];
+}
+"""
+
+
+@template.func_native(_SORT_SNIPPET)
+def sort_row(dist: wp.array(dtype=T), idx: wp.array(dtype=wp.int64), s: int, size: int): ...
 
 
 @func
@@ -189,7 +218,7 @@ def radius_fill(
             index[s + c] = wp.int64(order[t])
     elif room > 0:
         size = walk_row(tree, q, i, reach, radius, depth, skip_self, room < cap, s, room, distance, index)
-    sort_row(distance, index, s, size, room < cap)
+    sort_row(distance, index, s, size)
     for e in range(s, s + room):
         edges[1, e] = wp.int64(i)
 
