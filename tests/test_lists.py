@@ -300,3 +300,15 @@ def test_a_tree_rebuilt_from_its_order_is_the_built_tree(name):
     again = [a.numpy() for a in _tree.tree_of_order(k, points, wp.array(built[0], dtype=wp.int32))]
     for a, b in zip(built, again):
         np.testing.assert_array_equal(a[1:], b[1:])  # node 0 is unused
+
+
+def test_points_that_are_not_finite_have_and_are_no_neighbours():
+    x = torch.randn(60, 3, dtype=torch.float64) * 0.1
+    x[4, 1] = float("nan")
+    x[9] = float("inf")
+    nb = wb.ops.radius(x, x, 10.0)
+    rows = rows_of(nb)
+    assert rows[4] == [] and rows[9] == []
+    assert all(4 not in row and 9 not in row for row in rows)
+    assert all(len(row) == 58 for i, row in enumerate(rows) if i not in (4, 9))
+    assert torch.isfinite(nb.distance).all()
