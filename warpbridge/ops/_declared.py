@@ -41,7 +41,7 @@ LISTED = 32
 LISTED_BYTES = 16 << 20
 
 
-def _struct(cls: Any, **fields: Any) -> Any:
+def struct(cls: Any, **fields: Any) -> Any:
     """A Warp struct with ``fields`` set (array fields left out stay empty)."""
     s = cls()
     for name, value in fields.items():
@@ -49,7 +49,7 @@ def _struct(cls: Any, **fields: Any) -> Any:
     return s
 
 
-def _needs(needs: tuple, one_pass: bool = False) -> int:
+def needs_bits(needs: tuple, one_pass: bool = False) -> int:
     """A backward kernel's ``needs``: which gradients it computes (query, ref, features), as
     the sum of their bits, and whether it is the CPU's one-pass radius backward."""
     bits = (kdtree.QUERY, kdtree.REF, kdtree.FEATURES)
@@ -64,19 +64,19 @@ def _scratch(shape: Any, dtype: Any, device: Any) -> wp.array:
     return wp.empty(dims, dtype=dtype, device=device)
 
 
-def _launch(kernel: Any, m: int, before: list, after: list, device: Any) -> None:
+def launch(kernel: Any, m: int, before: list, after: list, device: Any) -> None:
     """A launch over ``m`` queries (not a scatter), on as many CPU threads as pay."""
     _core.launch_queries(kernel, m, _core.threads(device, m), before, after, device, None)
 
 
-def _thread_copies(a: wp.array, slots: int, needed: bool) -> wp.array:
+def thread_copies(a: wp.array, slots: int, needed: bool) -> wp.array:
     """Zeroed copies of the gradient ``a`` for threads 1 .. slots - 1 of a pass that adds
     into per-thread copies (thread 0 adds into ``a`` itself); empty when not ``needed``."""
     shape = (slots - 1, *(a.shape if needed else (0,) * a.ndim))
     return _core.nothing(shape, a.dtype, a.device) if 0 in shape else wp.zeros(shape, dtype=a.dtype, device=a.device)
 
 
-def _add_copies(copies: wp.array, into: wp.array) -> None:
+def add_copies(copies: wp.array, into: wp.array) -> None:
     """Add the threads' copies into ``into`` in thread order (deterministic). They exist only
     on the CPU: NumPy's vectorised adds on views of the same memory measured ~3x faster than a
     Warp kernel looping over the copies."""
@@ -136,9 +136,9 @@ def _radius_forward(k, query, ref, features, radius, sigma, out, stats, neighbou
     _tree.tree(k, ref, tree)
     _tree.query_order(k, query, tree, queries, query.device, None, ref)
     features4, out4 = _fours(features, out, None, None)[:2]
-    before = [query, _struct(k.Rows, v=features, v4=features4), _tree.tree_struct(k, tree), radius, sigma, queries]
-    after = [_struct(k.Rows, v=out, v4=out4), stats, neighbours]
-    _launch(k.radius_forward, query.shape[0], before, after, query.device)
+    before = [query, struct(k.Rows, v=features, v4=features4), _tree.tree_struct(k, tree), radius, sigma, queries]
+    after = [struct(k.Rows, v=out, v4=out4), stats, neighbours]
+    launch(k.radius_forward, query.shape[0], before, after, query.device)
 
 
 def _radius_backward(
@@ -173,37 +173,37 @@ def _radius_backward(
     pq, pr = _scratch(n_pairs, wp.int32, device), _scratch(n_pairs, wp.int32, device)
     pp, pc = _scratch(n_pairs, T, device), _scratch(n_pairs, T, device)
     copies = slots if one_pass else 1
-    r_slots, f_slots = _thread_copies(dr, copies, needs[1]), _thread_copies(df, copies, needs[2])
+    r_slots, f_slots = thread_copies(dr, copies, needs[1]), thread_copies(df, copies, needs[2])
     scatters = one_pass and needs[2]
     fours = _fours(features, grad, df if scatters else None, f_slots if scatters and copies > 1 else None)
-    ball = _struct(k.Ball, radius=radius, sigma=sigma, out=out, stats=stats, neighbours=neighbours)
-    grads = _struct(
+    ball = struct(k.Ball, radius=radius, sigma=sigma, out=out, stats=stats, neighbours=neighbours)
+    grads = struct(
         k.Grads, d_query=dq, d_ref=dr, d_features=df, d_features4=fours[2], ref_slots=r_slots,
         feature_slots=f_slots, feature_slots4=fours[3], g_out=g_out,
     )  # fmt: skip
-    pair_list = _struct(k.Pairs, offsets=offsets, query=pq, ref=pr, p=pp, c=pc)
-    before = [query, _struct(k.Rows, v=features, v4=fours[0]), _tree.tree_struct(k, tree), ball]
-    before += [_struct(k.Rows, v=grad, v4=fours[1]), _needs(needs, one_pass), queries]
+    pair_list = struct(k.Pairs, offsets=offsets, query=pq, ref=pr, p=pp, c=pc)
+    before = [query, struct(k.Rows, v=features, v4=fours[0]), _tree.tree_struct(k, tree), ball]
+    before += [struct(k.Rows, v=grad, v4=fours[1]), needs_bits(needs, one_pass), queries]
     # one pass: threads own fixed queries (scatter launch), so the copies' sums are deterministic
-    launch = k.radius_backward_query
-    _core.launch_queries(launch, m, slots, before, [pair_list, grads], device, None, scatter=one_pass)
-    _add_copies(r_slots, dr)
-    _add_copies(f_slots, df)
+    query_pass = k.radius_backward_query
+    _core.launch_queries(query_pass, m, slots, before, [pair_list, grads], device, None, scatter=one_pass)
+    add_copies(r_slots, dr)
+    add_copies(f_slots, df)
     if pairs is not None:
         ref_starts, cursor = _scratch(n + 1, wp.int32, device), _scratch(max(n, 1), wp.int32, device)
         by_ref = _scratch(n_pairs, wp.int32, device)
         wp.launch(k.pairs_by_ref, dim=1, inputs=[pr, n, ref_starts, cursor, by_ref], device=device)
-        before = [query, ref, grad, pair_list, ref_starts, by_ref, _needs(needs)]
-        _launch(k.radius_backward_ref_pairs, n, before, [_struct(k.Grads, d_ref=dr, d_features=df)], device)
+        before = [query, ref, grad, pair_list, ref_starts, by_ref, needs_bits(needs)]
+        launch(k.radius_backward_ref_pairs, n, before, [struct(k.Grads, d_ref=dr, d_features=df)], device)
     elif searches:
         # The reference side gathers over the queries within the radius: a tree over them.
         # The references go in Morton order over that tree's box, as the queries do.
         qtree = _tree.tree(k, query)
         refs = _scratch(n, wp.int32, device)
         _tree.query_order(k, ref, qtree, refs, device, None, query)
-        before = [ref, features, _tree.tree_struct(k, qtree), ball, grad, _needs(needs), refs]
-        grads = _struct(k.Grads, d_ref=dr, d_features=df, g_out=g_out)
-        _launch(k.radius_backward_ref, n, before, [grads], device)
+        before = [ref, features, _tree.tree_struct(k, qtree), ball, grad, needs_bits(needs), refs]
+        grads = struct(k.Grads, d_ref=dr, d_features=df, g_out=g_out)
+        launch(k.radius_backward_ref, n, before, [grads], device)
 
 
 def one_pass_fits(slots: int, n: int, row_bytes: int) -> bool:
@@ -220,7 +220,7 @@ def _knn_forward(k, query, ref, kk, dist, idx, queries, features=None, sigma=1.0
         features = out = _core.nothing((0, 0), k.T, device)
     _tree.query_order(k, query, tree, queries, device, None, ref)
     before = [query, _tree.tree_struct(k, tree), kk, features, sigma, queries]
-    _launch(k.knn_search, query.shape[0], before, [dist, idx, out], device)
+    launch(k.knn_search, query.shape[0], before, [dist, idx, out], device)
 
 
 def _knn_backward(k, query, ref, idx, queries, grad, dq, dr, needs):
@@ -228,11 +228,11 @@ def _knn_backward(k, query, ref, idx, queries, grad, dq, dr, needs):
     if not any(needs):
         return
     slots = _core.slots(device, m)
-    r_slots = _thread_copies(dr, slots, needs[1])
-    before = [query, ref, idx, grad, _needs(needs), queries]
-    grads = _struct(k.Grads, d_query=dq, d_ref=dr, ref_slots=r_slots)
+    r_slots = thread_copies(dr, slots, needs[1])
+    before = [query, ref, idx, grad, needs_bits(needs), queries]
+    grads = struct(k.Grads, d_query=dq, d_ref=dr, ref_slots=r_slots)
     _core.launch_queries(k.knn_backward, m, slots, before, [grads], device, None, scatter=True)
-    _add_copies(r_slots, dr)
+    add_copies(r_slots, dr)
 
 
 def _knn_aggregate_backward(k, query, ref, features, sigma, out, dist, idx, queries, grad, dq, dr, df, needs):
@@ -240,18 +240,18 @@ def _knn_aggregate_backward(k, query, ref, features, sigma, out, dist, idx, quer
     if not any(needs):
         return
     slots = _core.slots(device, m)
-    r_slots, f_slots = _thread_copies(dr, slots, needs[1]), _thread_copies(df, slots, needs[2])
+    r_slots, f_slots = thread_copies(dr, slots, needs[1]), thread_copies(df, slots, needs[2])
     fours = _fours(features, grad, df if needs[2] else None, f_slots if needs[2] and slots > 1 else None)
-    nearest = _struct(k.Nearest, sigma=sigma, out=out, dist=dist, idx=idx)
-    grads = _struct(
+    nearest = struct(k.Nearest, sigma=sigma, out=out, dist=dist, idx=idx)
+    grads = struct(
         k.Grads, d_query=dq, d_ref=dr, d_features=df, d_features4=fours[2], ref_slots=r_slots,
         feature_slots=f_slots, feature_slots4=fours[3],
     )  # fmt: skip
-    before = [query, ref, _struct(k.Rows, v=features, v4=fours[0]), nearest]
-    before += [_struct(k.Rows, v=grad, v4=fours[1]), _needs(needs), queries]
+    before = [query, ref, struct(k.Rows, v=features, v4=fours[0]), nearest]
+    before += [struct(k.Rows, v=grad, v4=fours[1]), needs_bits(needs), queries]
     _core.launch_queries(k.knn_aggregate_backward, m, slots, before, [grads], device, None, scatter=True)
-    _add_copies(r_slots, dr)
-    _add_copies(f_slots, df)
+    add_copies(r_slots, dr)
+    add_copies(f_slots, df)
 
 
 def listed_neighbours(m: int) -> int:

@@ -44,20 +44,17 @@ def _count(k, query, ref, radius, cap, skip_self, count, ptr, order, queries, li
     """Each query's neighbour count, the capped rows' offsets; the tree's order and the
     queries' order, which ``_fill`` takes up again."""
     m, device = query.shape[0], query.device
-    dims = _tree.tree_dims(ref.shape[0])
-    arrays = (order, *(_launch.kept(name, dims[name], k.V, device) for name in _tree.TREE[1:4]))
-    arrays += (_launch.kept("min_index", dims["min_index"], wp.int32, device),)
-    _tree.tree(k, ref, arrays)
+    arrays = _tree.tree(k, ref, order=order)
     _tree.query_order(k, query, arrays, queries, device, None, ref)
     before = [query, _tree.tree_struct(k, arrays), radius, skip_self, queries]
-    _declared._launch(k.radius_count, m, before, [count, listed], device)
+    _declared.launch(k.radius_count, m, before, [count, listed], device)
     wp.launch(k.list_offsets, dim=1, inputs=[count, cap, ptr], device=device)
 
 
 def _fill(k, query, ref, ptr, order, queries, listed, radius, skip_self, cap, edges, distance):
     tree = _tree.tree_struct(k, _tree.tree_of_order(k, ref, order))
     before = [query, tree, radius, skip_self, cap, ptr, listed, queries]
-    _declared._launch(k.radius_fill, query.shape[0], before, [edges, distance], query.device)
+    _declared.launch(k.radius_fill, query.shape[0], before, [edges, distance], query.device)
 
 
 def _fill_backward(k, query, ref, edges, ptr, queries, grad, dq, dr, needs):
@@ -65,11 +62,11 @@ def _fill_backward(k, query, ref, edges, ptr, queries, grad, dq, dr, needs):
     if not any(needs):
         return
     slots = _launch.slots(device, m)
-    r_slots = _declared._thread_copies(dr, slots, needs[1])
-    grads = _declared._struct(k.Grads, d_query=dq, d_ref=dr, ref_slots=r_slots)
-    before = [query, ref, edges, ptr, grad, _declared._needs(needs), queries]
+    r_slots = _declared.thread_copies(dr, slots, needs[1])
+    grads = _declared.struct(k.Grads, d_query=dq, d_ref=dr, ref_slots=r_slots)
+    before = [query, ref, edges, ptr, grad, _declared.needs_bits(needs), queries]
     _launch.launch_queries(k.list_backward, m, slots, before, [grads], device, None, scatter=True)
-    _declared._add_copies(r_slots, dr)
+    _declared.add_copies(r_slots, dr)
 
 
 def _knn_graph(k, x, kk, skip_self, edges):
@@ -80,7 +77,7 @@ def _knn_graph(k, x, kk, skip_self, edges):
     dist = wp.empty((m, found), dtype=k.T, device=device)
     idx = wp.empty((m, found), dtype=wp.int64, device=device)
     none = _launch.nothing((0, 0), k.T, device)
-    _declared._launch(k.knn_search, m, [x, tree, found, none, 1.0, queries], [dist, idx, none], device)
+    _declared.launch(k.knn_search, m, [x, tree, found, none, 1.0, queries], [dist, idx, none], device)
     wp.launch(k.knn_edges, dim=m, inputs=[idx, kk, skip_self, edges], device=device)
 
 

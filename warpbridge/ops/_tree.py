@@ -32,13 +32,16 @@ def tree_dims(n: int) -> dict:
     return {"order": (n,), "sorted_points": (n,), "lo": (nodes,), "hi": (nodes,), "min_index": (nodes,)}
 
 
-def tree(k: Any, points: wp.array, into: tuple | None = None) -> tuple:
-    """The kd-tree over ``points`` (``into``: its five arrays; default: scratch)."""
+def tree(k: Any, points: wp.array, into: tuple | None = None, order: wp.array | None = None) -> tuple:
+    """The kd-tree over ``points`` (``into``: its five arrays; default: scratch, with the order
+    in ``order`` where given)."""
     n, device = points.shape[0], points.device
     if into is None:
         dims = tree_dims(n)
         types_ = (wp.int32, k.V, k.V, k.V, wp.int32)
         into = tuple(_launch.kept(name, dims[name], t, device) for name, t in zip(TREE, types_))
+        if order is not None:
+            into = (order, *into[1:])
     build_tree(k, points, into, device, None)
     return into
 
