@@ -312,3 +312,13 @@ def test_points_that_are_not_finite_have_and_are_no_neighbours():
     assert all(4 not in row and 9 not in row for row in rows)
     assert all(len(row) == 58 for i, row in enumerate(rows) if i not in (4, 9))
     assert torch.isfinite(nb.distance).all()
+
+
+def test_more_pairs_than_a_list_holds_are_refused_before_the_fill(monkeypatch):
+    from warpbridge.ops import _lists
+
+    monkeypatch.setattr(_lists, "MAX_PAIRS", 50)
+    r = torch.rand(40, 3, dtype=torch.float64)
+    with pytest.raises(WarpBridgeError, match="neighbour pairs found, more than one list holds .50.*max_neighbors"):
+        wb.ops.radius(r, r, 10.0)
+    assert wb.ops.radius(r, r, 10.0, max_neighbors=1).index.shape == (40,)  # capped: 40 pairs

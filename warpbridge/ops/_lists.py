@@ -12,6 +12,9 @@ from .._core.errors import describe, fail
 from . import _declared_lists
 from ._checks import adapter_of, check_clouds, positive, widen
 
+# The most pairs one list may hold: the kernels address its rows with 32-bit places.
+MAX_PAIRS = (1 << 31) - 1
+
 
 class Neighbors(NamedTuple):
     """Radius neighbour lists, CSR over the queries: query ``i``'s neighbours are
@@ -124,6 +127,12 @@ def _lists(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any)
         raise fail(
             op, f"the number of neighbour pairs depends on the data and cannot be read while tracing: {e}"
         ) from e
+    if n_pairs > MAX_PAIRS:
+        raise fail(
+            op,
+            f"{n_pairs:,} neighbour pairs found, more than one list holds ({MAX_PAIRS:,}, 32-bit places): "
+            "pass max_neighbors, a smaller radius, or fewer queries per call",
+        )
     distance, edges = ops.radius_list(*args, ptr, order, queries, listed, r, skip_self, cap, n_pairs)
     return edges, (a.cast(distance, half) if half else distance), ptr, count
 
