@@ -322,3 +322,5 @@ def test_more_pairs_than_a_list_holds_are_refused_before_the_fill(monkeypatch):
     with pytest.raises(WarpBridgeError, match="neighbour pairs found, more than one list holds .50.*max_neighbors"):
         wb.ops.radius(r, r, 10.0)
     assert wb.ops.radius(r, r, 10.0, max_neighbors=1).index.shape == (40,)  # capped: 40 pairs
+    with pytest.raises(WarpBridgeError, match=r"N \* k = 80 edges, more than one graph holds"):
+        wb.ops.knn_graph(r, 2)

@@ -106,6 +106,8 @@ def knn_graph(x: Any, k: int, *, loop: bool = False) -> Any:
     if not 1 <= k <= n - skip_self:
         most = "N" if loop else "N - 1"
         raise fail(op, f"'k' must satisfy 1 <= k <= {most} = {n - skip_self} (loop={loop}), got {int(k)}")
+    if n * int(k) > MAX_PAIRS:
+        raise fail(op, f"N * k = {n * int(k):,} edges, more than one graph holds ({MAX_PAIRS:,}, 32-bit places)")
     args, ops, _ = widen(op, a, {"x": x}, dtype)
     return ops.knn_graph(*args, int(k), skip_self)
 
