@@ -133,10 +133,9 @@ def _pair_count(k: Any, stats: wp.array, m: int) -> tuple[int, wp.array]:
 
 
 def _radius_forward(k, query, ref, features, radius, sigma, out, stats, neighbours, tree, queries):
-    _tree.tree(k, ref, tree)
-    _tree.query_order(k, query, tree, queries, query.device, None, ref)
+    searched = _tree.searched_tree(k, query, ref, queries, into=tree)
     features4, out4 = _fours(features, out, None, None)[:2]
-    before = [query, struct(k.Rows, v=features, v4=features4), _tree.tree_struct(k, tree), radius, sigma, queries]
+    before = [query, struct(k.Rows, v=features, v4=features4), searched, radius, sigma, queries]
     after = [struct(k.Rows, v=out, v4=out4), stats, neighbours]
     launch(k.radius_forward, query.shape[0], before, after, query.device)
 
@@ -198,10 +197,9 @@ def _radius_backward(
     elif searches:
         # The reference side gathers over the queries within the radius: a tree over them.
         # The references go in Morton order over that tree's box, as the queries do.
-        qtree = _tree.tree(k, query)
         refs = _scratch(n, wp.int32, device)
-        _tree.query_order(k, ref, qtree, refs, device, None, query)
-        before = [ref, features, _tree.tree_struct(k, qtree), ball, grad, needs_bits(needs), refs]
+        qtree = _tree.searched_tree(k, ref, query, refs)
+        before = [ref, features, qtree, ball, grad, needs_bits(needs), refs]
         grads = struct(k.Grads, d_ref=dr, d_features=df, g_out=g_out)
         launch(k.radius_backward_ref, n, before, [grads], device)
 
@@ -213,13 +211,11 @@ def one_pass_fits(slots: int, n: int, row_bytes: int) -> bool:
     return (slots - 1) * n * row_bytes <= max(SLOT_BYTES, n * row_bytes)
 
 
-def _knn_forward(k, query, ref, kk, dist, idx, queries, features=None, sigma=1.0, out=None):
-    tree = _tree.tree(k, ref)
+def knn_forward(k, query, ref, kk, dist, idx, queries, features=None, sigma=1.0, out=None):
     device = query.device
     if features is None:
         features = out = _core.nothing((0, 0), k.T, device)
-    _tree.query_order(k, query, tree, queries, device, None, ref)
-    before = [query, _tree.tree_struct(k, tree), kk, features, sigma, queries]
+    before = [query, _tree.searched_tree(k, query, ref, queries), kk, features, sigma, queries]
     launch(k.knn_search, query.shape[0], before, [dist, idx, out], device)
 
 
@@ -307,7 +303,7 @@ def declared(dtype: str) -> types.SimpleNamespace:
         )  # fmt: skip
 
     def knn(query: Points, ref: Points, k: int, dist: Rows, idx: Neighbours, queries: Index):
-        _knn_forward(kernels(query.device), query, ref, k, dist, idx, queries)
+        knn_forward(kernels(query.device), query, ref, k, dist, idx, queries)
 
     def knn_backward(
         query: Points, ref: Points, k: int, dist: Rows, idx: Neighbours, queries: Index,
@@ -320,7 +316,7 @@ def declared(dtype: str) -> types.SimpleNamespace:
         query: Points, ref: Points, features: Rows, k: int, sigma: T,
         out: Rows, dist: Rows, idx: Neighbours, queries: Index,
     ):  # fmt: skip
-        _knn_forward(kernels(query.device), query, ref, k, dist, idx, queries, features, sigma, out)
+        knn_forward(kernels(query.device), query, ref, k, dist, idx, queries, features, sigma, out)
 
     def knn_aggregate_backward(
         query: Points, ref: Points, features: Rows, k: int, sigma: T,

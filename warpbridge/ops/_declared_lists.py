@@ -33,20 +33,11 @@ def listed_neighbours(m: int) -> int:
     return max(1, min(LISTED, LISTED_BYTES // (4 * max(m, 1))))
 
 
-def _searched_tree(k: Any, query: wp.array, ref: wp.array, queries: wp.array) -> Any:
-    """The kd-tree over ``ref`` (scratch), its struct, and the queries' order in ``queries``."""
-    tree = _tree.tree(k, ref)
-    _tree.query_order(k, query, tree, queries, query.device, None, ref)
-    return _tree.tree_struct(k, tree)
-
-
 def _count(k, query, ref, radius, cap, skip_self, count, ptr, order, queries, listed):
     """Each query's neighbour count, the capped rows' offsets; the tree's order and the
     queries' order, which ``_fill`` takes up again."""
     m, device = query.shape[0], query.device
-    arrays = _tree.tree(k, ref, order=order)
-    _tree.query_order(k, query, arrays, queries, device, None, ref)
-    before = [query, _tree.tree_struct(k, arrays), radius, skip_self, queries]
+    before = [query, _tree.searched_tree(k, query, ref, queries, order=order), radius, skip_self, queries]
     _declared.launch(k.radius_count, m, before, [count, listed], device)
     wp.launch(k.list_offsets, dim=1, inputs=[count, cap, ptr], device=device)
 
@@ -70,14 +61,12 @@ def _fill_backward(k, query, ref, edges, ptr, queries, grad, dq, dr, needs):
 
 
 def _knn_graph(k, x, kk, skip_self, edges):
+    """The kNN search for kk + skip_self (the point itself found too where it is left out), then its edges."""
     m, device = x.shape[0], x.device
-    found = kk + skip_self  # one more where the point itself is left out
-    queries = wp.empty(m, dtype=wp.int32, device=device)
-    tree = _searched_tree(k, x, x, queries)
+    found = kk + skip_self
     dist = wp.empty((m, found), dtype=k.T, device=device)
     idx = wp.empty((m, found), dtype=wp.int64, device=device)
-    none = _launch.nothing((0, 0), k.T, device)
-    _declared.launch(k.knn_search, m, [x, tree, found, none, 1.0, queries], [dist, idx, none], device)
+    _declared.knn_forward(k, x, x, found, dist, idx, wp.empty(m, dtype=wp.int32, device=device))
     wp.launch(k.knn_edges, dim=m, inputs=[idx, kk, skip_self, edges], device=device)
 
 

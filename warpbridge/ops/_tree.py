@@ -46,6 +46,17 @@ def tree(k: Any, points: wp.array, into: tuple | None = None, order: wp.array | 
     return into
 
 
+def searched_tree(
+    k: Any, points: wp.array, ref: wp.array, queries: wp.array, into: tuple | None = None, order: wp.array | None = None
+) -> Any:
+    """What a search of ``points`` through a kd-tree over ``ref`` takes: the tree (built as
+    ``tree`` builds it, ``into`` and ``order`` as there), the order it takes the points in
+    (written into ``queries``, see ``query_order``), and the tree's struct."""
+    arrays = tree(k, ref, into, order)
+    query_order(k, points, arrays, queries, points.device, None, ref)
+    return tree_struct(k, arrays)
+
+
 def tree_of_order(k: Any, points: wp.array, order: wp.array) -> tuple:
     """The kd-tree over ``points`` whose order a build already found (``order``, as ``tree``
     leaves it): the points gathered again and the boxes merged bottom-up, without splitting
