@@ -282,6 +282,9 @@ def test_check_op_on_the_list_ops():
     ins = [q.clone().requires_grad_(), r.clone().requires_grad_()]
     count, ptr, order, queries, listed = ops.radius_count(*ins, radius, 1000, 0)
     check_op(ops.radius_list, *ins, ptr, order, queries, listed, radius, 0, 1000, int(ptr[-1]))
+    batches = ((torch.arange(len(q)) >= 10).long(), (torch.arange(len(r)) >= 70).long())  # two clouds
+    count, ptr, order, queries, listed = ops.radius_count_batched(*ins, *batches, radius, 1000, 0)
+    check_op(ops.radius_list_batched, *ins, *batches, ptr, order, queries, listed, radius, 0, 1000, int(ptr[-1]))
 
 
 @pytest.mark.parametrize("name", ["lidar rings + 20 far", "duplicated points", "one far outlier"])

@@ -699,6 +699,11 @@ def test_opcheck_registered_ops():
     check_op(ops.knn, ins[0], ins[1], 4)
     check_op(ops.knn_aggregate, *ins, 4, 0.2)
     torch.library.opcheck(ops.knn.torch_op, (ins[0], ins[1], 4))  # no dims: they follow the inputs
+    # over a batch of two clouds
+    qb, rb = (torch.arange(30) >= 12).long(), (torch.arange(40) >= 25).long()
+    check_op(ops.radius_aggregate_batched, *ins, qb, rb, 0.7, 0.2)
+    check_op(ops.knn_aggregate_batched, *ins, qb, rb, 4, 0.2)
+    torch.library.opcheck(ops.knn_batched.torch_op, (ins[0], ins[1], qb, rb, 4))
 
 
 def test_numpy_and_warp_arrays_run_the_forward_like_any_wb_op():

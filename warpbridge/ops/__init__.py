@@ -33,7 +33,9 @@ __all__ = [
 ]  # fmt: skip
 
 
-def radius_aggregate(query: Any, ref: Any, features: Any, radius: float, sigma: float) -> Any:
+def radius_aggregate(
+    query: Any, ref: Any, features: Any, radius: float, sigma: float, *, query_batch: Any = None, ref_batch: Any = None
+) -> Any:
     """Distance-weighted mean of the reference features within ``radius`` of each query point.
 
     ``out_i = sum_j w_ij f_j / sum_j w_ij`` over the references with ``|q_i - r_j| <= radius``,
@@ -49,6 +51,9 @@ def radius_aggregate(query: Any, ref: Any, features: Any, radius: float, sigma: 
         features: (N, F) reference features, same dtype and device.
         radius: search radius, > 0.
         sigma: distance scale of the weights, > 0.
+        query_batch, ref_batch: (M,) and (N,) int64 cloud numbers, sorted (PyG's batch
+            vectors): each query sees only the references of its own cloud. None (default):
+            one cloud. See ``docs/batches.md``.
 
     Returns:
         (M, F) aggregated features.
@@ -65,21 +70,27 @@ def radius_aggregate(query: Any, ref: Any, features: Any, radius: float, sigma: 
         op,
         {"query": query, "ref": ref, "features": features},
         lambda a, dtype: (positive(op, "radius", radius, dtype), positive(op, "sigma", sigma, dtype)),
+        {"query_batch": query_batch, "ref_batch": ref_batch},
     )
     return a.cast(out, half) if half else out
 
 
-def knn(query: Any, ref: Any, k: int) -> tuple[Any, Any]:
+def knn(query: Any, ref: Any, k: int, *, query_batch: Any = None, ref_batch: Any = None) -> tuple[Any, Any]:
     """The ``k`` nearest reference points of each query point.
 
     Args:
         query: (M, 3) query points.
         ref: (N, 3) reference points.
         k: neighbours per query, ``1 <= k <= N``.
+        query_batch, ref_batch: (M,) and (N,) int64 cloud numbers, sorted (PyG's batch
+            vectors): each query's neighbours come from its own cloud only, one search for
+            the whole batch. None (default): one cloud. See ``docs/batches.md``.
 
     Returns:
         ``(dist, idx)``: (M, k) Euclidean distances in ascending order (ties broken by the
-        smaller index), differentiable w.r.t. both point sets, and (M, k) int64 indices.
+        smaller index), differentiable w.r.t. both point sets, and (M, k) int64 indices
+        into ``ref``; a query whose cloud has fewer than k points pads its row with
+        ``inf`` and -1.
 
     Raises:
         WarpBridgeError: wrong types, shapes, dtypes or devices; k out of range.
@@ -89,12 +100,17 @@ def knn(query: Any, ref: Any, k: int) -> tuple[Any, Any]:
         dist, idx = wb.ops.knn(grid, cloud, k=7)
     """
     (dist, idx), a, half = run_declared(
-        "knn", {"query": query, "ref": ref}, lambda a, dtype: (k_of("knn", k, a.info(ref)[1][0]),)
+        "knn",
+        {"query": query, "ref": ref},
+        lambda a, dtype: (k_of("knn", k, a.info(ref)[1][0]),),
+        {"query_batch": query_batch, "ref_batch": ref_batch},
     )
     return (a.cast(dist, half) if half else dist), idx
 
 
-def knn_aggregate(query: Any, ref: Any, features: Any, k: int, sigma: float) -> Any:
+def knn_aggregate(
+    query: Any, ref: Any, features: Any, k: int, sigma: float, *, query_batch: Any = None, ref_batch: Any = None
+) -> Any:
     """Softmax-weighted sum of the features of the ``k`` nearest reference points.
 
     ``out_i = sum_n softmax(-dist_i / sigma)_n f_{idx_in}`` over the k nearest (see :func:`knn`).
@@ -106,6 +122,8 @@ def knn_aggregate(query: Any, ref: Any, features: Any, k: int, sigma: float) -> 
         features: (N, F) reference features.
         k: neighbours per query, ``1 <= k <= N``.
         sigma: distance scale of the softmax, > 0.
+        query_batch, ref_batch: as in :func:`knn`; a query whose cloud has fewer than k
+            points aggregates the ones it has.
 
     Returns:
         (M, F) aggregated features.
@@ -122,5 +140,6 @@ def knn_aggregate(query: Any, ref: Any, features: Any, k: int, sigma: float) -> 
         op,
         {"query": query, "ref": ref, "features": features},
         lambda a, dtype: (k_of(op, k, a.info(ref)[1][0]), positive(op, "sigma", sigma, dtype)),
+        {"query_batch": query_batch, "ref_batch": ref_batch},
     )
     return a.cast(out, half) if half else out

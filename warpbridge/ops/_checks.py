@@ -112,12 +112,49 @@ def k_of(op: str, k: Any, n: int) -> int:
     return int(k)
 
 
-def run_declared(op: str, arrays: dict[str, Any], numbers: Any) -> tuple[Any, Any, str | None]:
-    """Validate the clouds ``arrays``, then the op's numeric arguments (``numbers(adapter,
-    dtype)``, checked in the dtype the op computes in), and run the declared op: (its result,
-    the adapter, the half dtype to cast floating results back to, or None)."""
+def batches(op: str, a: Any, points: dict[str, Any], given: dict[str, Any]) -> list:
+    """The batch vectors ``given`` (name: array or None), each over the cloud of the same
+    place in ``points``, checked: int64, one per point, on the points' device; all or none
+    (then an empty list: one cloud). Their values are checked where they are read
+    (``_batches.batch_values``)."""
+    names = list(given)
+    present = [name for name in names if given[name] is not None]
+    if not present:
+        return []
+    if len(present) != len(names):
+        missing = [name for name in names if name not in present]
+        raise fail(op, f"pass {' and '.join(repr(n) for n in names)} together (or neither): '{missing[0]}' is missing")
+    for (name, b), (cloud, p) in zip(given.items(), points.items()):
+        if not a.is_array(b):
+            raise fail(op, f"'{name}' must be a {a.array_name} of cloud numbers, got {describe(b)}")
+        dtype, shape, where = a.info(b)
+        n, there = a.info(p)[1][0], a.info(p)[2]
+        if dtype != "int64" or shape != (n,):
+            raise fail(
+                op,
+                f"'{name}' must be an int64 ({n},) vector, one cloud number per point of '{cloud}', got {dtype} {shape}",
+            )
+        if where != there:
+            raise fail(op, f"'{name}' is on {where} but '{cloud}' is on {there}: all inputs must be on one device")
+    return [given[name] for name in names]
+
+
+def run_declared(
+    op: str, arrays: dict[str, Any], numbers: Any, clouds: dict[str, Any] | None = None
+) -> tuple[Any, Any, str | None]:
+    """Validate the clouds ``arrays`` and their batch vectors ``clouds`` (query_batch and
+    ref_batch, see ``batches``), then the op's numeric arguments (``numbers(adapter, dtype)``,
+    checked in the dtype the op computes in), and run the declared op: (its result, the
+    adapter, the half dtype to cast floating results back to, or None)."""
     a = adapter_of(op, arrays)
     dtype = check_clouds(op, a, arrays)
+    points = {name: arrays[name] for name in ("query", "ref")}
+    batch = batches(op, a, points, clouds or {"query_batch": None, "ref_batch": None})
     extra = numbers(a, dtype)
     args, ops, half = widen(op, a, arrays, dtype)
-    return getattr(ops, op)(*args, *extra), a, half
+    return declared_op(ops, op, batch)(*args, *batch, *extra), a, half
+
+
+def declared_op(ops: Any, op: str, batch: list) -> Any:
+    """The declared op ``op``: its batched variant where there are batch vectors."""
+    return getattr(ops, f"{op}_batched" if batch else op)

@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from .._core.op import op as _declare
+from . import _batches, _tree, kdtree
 from . import _launch as _core
-from . import _tree, kdtree
 
 STATS = 3  # per query: weight sum, nearest distance, neighbour count
 # The CPU radius backward runs in one pass while the threads' extra copies of the
@@ -132,8 +131,12 @@ def _pair_count(k: Any, stats: wp.array, m: int) -> tuple[int, wp.array]:
 # -- the launch functions, by float type ---------------------------------------------------------
 
 
-def _radius_forward(k, query, ref, features, radius, sigma, out, stats, neighbours, tree, queries):
-    searched = _tree.searched_tree(k, query, ref, queries, into=tree)
+def _radius_forward(k, query, ref, batches, features, radius, sigma, out, stats, neighbours, tree, queries):
+    batch = forest_of("radius_aggregate", *batches)
+    if batch is None:
+        searched = _tree.searched_tree(k, query, ref, queries, into=tree)
+    else:  # a forest's size depends on the data: scratch, all but its order (see _radius_dims)
+        searched = _tree.searched_tree(k, query, ref, queries, order=tree[0], batch=batch)
     features4, out4 = _fours(features, out, None, None)[:2]
     before = [query, struct(k.Rows, v=features, v4=features4), searched, radius, sigma, queries]
     after = [struct(k.Rows, v=out, v4=out4), stats, neighbours]
@@ -141,7 +144,7 @@ def _radius_forward(k, query, ref, features, radius, sigma, out, stats, neighbou
 
 
 def _radius_backward(
-    k, T, query, ref, features, radius, sigma, out, stats, neighbours, tree, queries, grad, dq, dr, df, needs
+    k, T, query, ref, batches, features, radius, sigma, out, stats, neighbours, tree, queries, grad, dq, dr, df, needs
 ):
     """Three ways, all through one query pass (``radius_backward_query``), which walks the
     neighbours the forward listed and searches the tree again only for a query with more:
@@ -181,7 +184,7 @@ def _radius_backward(
         feature_slots=f_slots, feature_slots4=fours[3], g_out=g_out,
     )  # fmt: skip
     pair_list = struct(k.Pairs, offsets=offsets, query=pq, ref=pr, p=pp, c=pc)
-    before = [query, struct(k.Rows, v=features, v4=fours[0]), _tree.tree_struct(k, tree), ball]
+    before = [query, struct(k.Rows, v=features, v4=fours[0]), _saved_tree(k, ref, batches, tree), ball]
     before += [struct(k.Rows, v=grad, v4=fours[1]), needs_bits(needs, one_pass), queries]
     # one pass: threads own fixed queries (scatter launch), so the copies' sums are deterministic
     query_pass = k.radius_backward_query
@@ -198,10 +201,24 @@ def _radius_backward(
         # The reference side gathers over the queries within the radius: a tree over them.
         # The references go in Morton order over that tree's box, as the queries do.
         refs = _scratch(n, wp.int32, device)
-        qtree = _tree.searched_tree(k, ref, query, refs)
+        qtree = _tree.searched_tree(k, ref, query, refs, batch=forest_of("radius_aggregate", *batches[::-1]))
         before = [ref, features, qtree, ball, grad, needs_bits(needs), refs]
         grads = struct(k.Grads, d_ref=dr, d_features=df, g_out=g_out)
         launch(k.radius_backward_ref, n, before, [grads], device)
+
+
+def _saved_tree(k, ref, batches, tree):
+    """The radius forward's tree struct, from what it saved: its arrays, or over a batch the
+    order of its forest, whose boxes come back without splitting."""
+    batch = forest_of("radius_aggregate", *batches)
+    if batch is None:
+        return _tree.tree_struct(k, tree)
+    return _tree.tree_struct(k, _tree.tree_of_order(k, ref, tree[0], batch[0]), batch)
+
+
+def forest_of(op, query_batch, ref_batch):
+    """The forest a search of the queries through a tree over the references takes, or None."""
+    return _batches.forest_of(op, query_batch, ref_batch, ("query_batch", "ref_batch"))
 
 
 def one_pass_fits(slots: int, n: int, row_bytes: int) -> bool:
@@ -211,11 +228,13 @@ def one_pass_fits(slots: int, n: int, row_bytes: int) -> bool:
     return (slots - 1) * n * row_bytes <= max(SLOT_BYTES, n * row_bytes)
 
 
-def knn_forward(k, query, ref, kk, dist, idx, queries, features=None, sigma=1.0, out=None):
+def knn_forward(k, query, ref, kk, dist, idx, queries, batch=None, features=None, sigma=1.0, out=None):
+    """The kNN search (with ``batch``, as ``_tree.searched_tree`` takes it, per cloud), and
+    with ``features``, its aggregation into ``out``."""
     device = query.device
     if features is None:
         features = out = _core.nothing((0, 0), k.T, device)
-    before = [query, _tree.searched_tree(k, query, ref, queries), kk, features, sigma, queries]
+    before = [query, _tree.searched_tree(k, query, ref, queries, batch=batch), kk, features, sigma, queries]
     launch(k.knn_search, query.shape[0], before, [dist, idx, out], device)
 
 
@@ -255,42 +274,53 @@ def listed_neighbours(m: int) -> int:
     return max(1, min(LISTED, LISTED_BYTES // (4 * max(m, 1))))
 
 
-def _radius_dims(query, ref, features, radius, sigma):
+def _radius_dims(query, ref, features, query_batch, ref_batch, radius, sigma):
     m = query[0]
     dims = {"out": (m, features[1]), "stats": (m, STATS), "neighbours": (m, listed_neighbours(m))}
-    return {**dims, **_tree.tree_dims(ref[0]), "queries": (m,)}
+    tree = _tree.tree_dims(ref[0])
+    if query_batch[0] + ref_batch[0]:  # a forest: its order only (see _saved_tree)
+        tree = {name: (0,) for name in _tree.TREE} | {"order": (ref[0],)}
+    return {**dims, **tree, "queries": (m,)}
 
 
-def _knn_dims(query, ref, k):
+def _knn_dims(query, ref, query_batch, ref_batch, k):
     return {"dist": (query[0], k), "idx": (query[0], k), "queries": (query[0],)}
 
 
-def _knn_aggregate_dims(query, ref, features, k, sigma):
+def _knn_aggregate_dims(query, ref, features, query_batch, ref_batch, k, sigma):
     return {"out": (query[0], features[1]), "dist": (query[0], k), "idx": (query[0], k), "queries": (query[0],)}
+
+
+# the ops' options for wb.op, besides their launch functions and backwards
+_RADIUS = dict(num_outputs=9, aux=("stats", "neighbours", *_tree.TREE, "queries"), output_dims=_radius_dims)
+_KNN = dict(num_outputs=3, aux=("queries",), output_dims=_knn_dims)
+_KNN_AGGREGATE = dict(num_outputs=4, aux=("dist", "idx", "queries"), output_dims=_knn_aggregate_dims)
 
 
 @functools.cache
 def declared(dtype: str) -> types.SimpleNamespace:
-    """The three ops for one float type ("float32" or "float64"), made on first use."""
+    """The three ops for one float type ("float32" or "float64"), made on first use, each
+    for one cloud and over a batch (``<name>_batched``, see ``_batches.declare_both``)."""
     T = wp.float32 if dtype == "float32" else wp.float64
     V = wp.types.vector(3, T)
     Points, Rows, Index = wp.array(dtype=V), wp.array2d(dtype=T), wp.array(dtype=wp.int32)
     Neighbours, Listed = wp.array2d(dtype=wp.int64), wp.array2d(dtype=wp.int32)
+    Batch = wp.array(dtype=wp.int64)
 
     def kernels(device: Any) -> Any:
         return _core.kernels_for(dtype, device)
 
     def radius_aggregate(
-        query: Points, ref: Points, features: Rows, radius: T, sigma: T,
+        query: Points, ref: Points, features: Rows, query_batch: Batch, ref_batch: Batch, radius: T, sigma: T,
         out: Rows, stats: Rows, neighbours: Listed,
         order: Index, sorted_points: Points, lo: Points, hi: Points, min_index: Index, queries: Index,
     ):  # fmt: skip
         tree = (order, sorted_points, lo, hi, min_index)
-        k = kernels(query.device)
-        _radius_forward(k, query, ref, features, radius, sigma, out, stats, neighbours, tree, queries)
+        k, batches = kernels(query.device), (query_batch, ref_batch)
+        _radius_forward(k, query, ref, batches, features, radius, sigma, out, stats, neighbours, tree, queries)
 
     def radius_aggregate_backward(
-        query: Points, ref: Points, features: Rows, radius: T, sigma: T,
+        query: Points, ref: Points, features: Rows, query_batch: Batch, ref_batch: Batch, radius: T, sigma: T,
         out: Rows, stats: Rows, neighbours: Listed,
         order: Index, sorted_points: Points, lo: Points, hi: Points, min_index: Index, queries: Index,
         adj_out: Rows, adj_query: Points, adj_ref: Points, adj_features: Rows, *, needs_input_grad,
@@ -298,28 +328,34 @@ def declared(dtype: str) -> types.SimpleNamespace:
         tree = (order, sorted_points, lo, hi, min_index)
         k = kernels(query.device)
         _radius_backward(
-            k, T, query, ref, features, radius, sigma, out, stats, neighbours, tree, queries, adj_out,
+            k, T, query, ref, (query_batch, ref_batch), features, radius, sigma, out, stats, neighbours, tree, queries, adj_out,
             adj_query, adj_ref, adj_features, needs_input_grad,
         )  # fmt: skip
 
-    def knn(query: Points, ref: Points, k: int, dist: Rows, idx: Neighbours, queries: Index):
-        knn_forward(kernels(query.device), query, ref, k, dist, idx, queries)
+    def knn(
+        query: Points, ref: Points, query_batch: Batch, ref_batch: Batch, k: int, dist: Rows, idx: Neighbours,
+        queries: Index,
+    ):  # fmt: skip
+        batch = forest_of("knn", query_batch, ref_batch)
+        knn_forward(kernels(query.device), query, ref, k, dist, idx, queries, batch)
 
     def knn_backward(
-        query: Points, ref: Points, k: int, dist: Rows, idx: Neighbours, queries: Index,
+        query: Points, ref: Points, query_batch: Batch, ref_batch: Batch, k: int, dist: Rows, idx: Neighbours,
+        queries: Index,
         adj_dist: Rows, adj_query: Points, adj_ref: Points, *, needs_input_grad,
     ):  # fmt: skip
         k_ = kernels(query.device)
         _knn_backward(k_, query, ref, idx, queries, adj_dist, adj_query, adj_ref, needs_input_grad)
 
     def knn_aggregate(
-        query: Points, ref: Points, features: Rows, k: int, sigma: T,
+        query: Points, ref: Points, features: Rows, query_batch: Batch, ref_batch: Batch, k: int, sigma: T,
         out: Rows, dist: Rows, idx: Neighbours, queries: Index,
     ):  # fmt: skip
-        knn_forward(kernels(query.device), query, ref, k, dist, idx, queries, features, sigma, out)
+        batch = forest_of("knn_aggregate", query_batch, ref_batch)
+        knn_forward(kernels(query.device), query, ref, k, dist, idx, queries, batch, features, sigma, out)
 
     def knn_aggregate_backward(
-        query: Points, ref: Points, features: Rows, k: int, sigma: T,
+        query: Points, ref: Points, features: Rows, query_batch: Batch, ref_batch: Batch, k: int, sigma: T,
         out: Rows, dist: Rows, idx: Neighbours, queries: Index,
         adj_out: Rows, adj_query: Points, adj_ref: Points, adj_features: Rows, *, needs_input_grad,
     ):  # fmt: skip
@@ -328,24 +364,9 @@ def declared(dtype: str) -> types.SimpleNamespace:
             adj_query, adj_ref, adj_features, needs_input_grad,
         )  # fmt: skip
 
-    for f in (radius_aggregate, radius_aggregate_backward, knn, knn_backward, knn_aggregate, knn_aggregate_backward):
-        # its own registered name per float type: torch.ops.warpbridge.warpbridge_ops__run__knn_float64__<hash>
-        f.__qualname__ = f"{f.__name__}_{dtype}"
-
-    return types.SimpleNamespace(
-        radius_aggregate=_declare(
-            radius_aggregate,
-            num_outputs=9,
-            aux=("stats", "neighbours", *_tree.TREE, "queries"),
-            output_dims=_radius_dims,
-            backward=radius_aggregate_backward,
-        ),  # fmt: skip
-        knn=_declare(knn, num_outputs=3, aux=("queries",), output_dims=_knn_dims, backward=knn_backward),
-        knn_aggregate=_declare(
-            knn_aggregate,
-            num_outputs=4,
-            aux=("dist", "idx", "queries"),
-            output_dims=_knn_aggregate_dims,
-            backward=knn_aggregate_backward,
-        ),  # fmt: skip
+    return _batches.declare_both(
+        dtype,
+        radius_aggregate=dict(_RADIUS, fn=radius_aggregate, backward=radius_aggregate_backward),
+        knn=dict(_KNN, fn=knn, backward=knn_backward),
+        knn_aggregate=dict(_KNN_AGGREGATE, fn=knn_aggregate, backward=knn_aggregate_backward),
     )

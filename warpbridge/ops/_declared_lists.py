@@ -17,8 +17,7 @@ from typing import Any
 
 import warp as wp
 
-from .._core.op import op as _declare
-from . import _declared, _launch, _tree
+from . import _batches, _declared, _launch, _tree
 
 # The cap on a row when there is none: more than any row can hold.
 NO_CAP = (1 << 31) - 1
@@ -33,17 +32,20 @@ def listed_neighbours(m: int) -> int:
     return max(1, min(LISTED, LISTED_BYTES // (4 * max(m, 1))))
 
 
-def _count(k, query, ref, radius, cap, skip_self, count, ptr, order, queries, listed):
+def _count(k, query, ref, batch, radius, cap, skip_self, count, ptr, order, queries, listed):
     """Each query's neighbour count, the capped rows' offsets; the tree's order and the
-    queries' order, which ``_fill`` takes up again."""
+    queries' order, which ``_fill`` takes up again. ``batch`` as ``_tree.searched_tree``
+    takes it."""
     m, device = query.shape[0], query.device
-    before = [query, _tree.searched_tree(k, query, ref, queries, order=order), radius, skip_self, queries]
+    tree = _tree.searched_tree(k, query, ref, queries, order=order, batch=batch)
+    before = [query, tree, radius, skip_self, queries]
     _declared.launch(k.radius_count, m, before, [count, listed], device)
     wp.launch(k.list_offsets, dim=1, inputs=[count, cap, ptr], device=device)
 
 
-def _fill(k, query, ref, ptr, order, queries, listed, radius, skip_self, cap, edges, distance):
-    tree = _tree.tree_struct(k, _tree.tree_of_order(k, ref, order))
+def _fill(k, query, ref, batch, ptr, order, queries, listed, radius, skip_self, cap, edges, distance):
+    forest = None if batch is None else batch[0]
+    tree = _tree.tree_struct(k, _tree.tree_of_order(k, ref, order, forest), batch)
     before = [query, tree, radius, skip_self, cap, ptr, listed, queries]
     _declared.launch(k.radius_fill, query.shape[0], before, [edges, distance], query.device)
 
@@ -60,13 +62,13 @@ def _fill_backward(k, query, ref, edges, ptr, queries, grad, dq, dr, needs):
     _declared.add_copies(r_slots, dr)
 
 
-def _knn_graph(k, x, kk, skip_self, edges):
+def _knn_graph(k, x, batch, kk, skip_self, edges):
     """The kNN search for kk + skip_self (the point itself found too where it is left out), then its edges."""
     m, device = x.shape[0], x.device
     found = kk + skip_self
     dist = wp.empty((m, found), dtype=k.T, device=device)
     idx = wp.empty((m, found), dtype=wp.int64, device=device)
-    _declared.knn_forward(k, x, x, found, dist, idx, wp.empty(m, dtype=wp.int32, device=device))
+    _declared.knn_forward(k, x, x, found, dist, idx, wp.empty(m, dtype=wp.int32, device=device), batch)
     wp.launch(k.knn_edges, dim=m, inputs=[idx, kk, skip_self, edges], device=device)
 
 
@@ -75,37 +77,38 @@ def declared(dtype: str) -> types.SimpleNamespace:
     """The list ops for one float type ("float32" or "float64"), made on first use."""
     T = wp.float32 if dtype == "float32" else wp.float64
     Points, Counts, Edges = wp.array(dtype=wp.types.vector(3, T)), wp.array(dtype=wp.int64), wp.array2d(dtype=wp.int64)
-    Index, Listed = wp.array(dtype=wp.int32), wp.array2d(dtype=wp.int32)
+    Index, Listed, Batch = wp.array(dtype=wp.int32), wp.array2d(dtype=wp.int32), wp.array(dtype=wp.int64)
 
     def kernels(device: Any) -> Any:
         return _launch.kernels_for(dtype, device)
 
     def radius_count(
-        query: Points, ref: Points, radius: T, cap: int, skip_self: int,
+        query: Points, ref: Points, query_batch: Batch, ref_batch: Batch, radius: T, cap: int, skip_self: int,
         count: Counts, ptr: Counts, order: Index, queries: Index, listed: Listed,
     ):  # fmt: skip
-        _count(kernels(query.device), query, ref, radius, cap, skip_self, count, ptr, order, queries, listed)
+        k, batch = kernels(query.device), _declared.forest_of("radius", query_batch, ref_batch)
+        _count(k, query, ref, batch, radius, cap, skip_self, count, ptr, order, queries, listed)
 
     def radius_list(
-        query: Points, ref: Points, ptr: Counts, order: Index, queries: Index, listed: Listed,
-        radius: T, skip_self: int, cap: int, n_pairs: int, distance: wp.array(dtype=T), edges: Edges,
+        query: Points, ref: Points, query_batch: Batch, ref_batch: Batch, ptr: Counts, order: Index,
+        queries: Index, listed: Listed, radius: T, skip_self: int, cap: int, n_pairs: int,
+        distance: wp.array(dtype=T), edges: Edges,
     ):  # fmt: skip
-        k = kernels(query.device)
-        _fill(k, query, ref, ptr, order, queries, listed, radius, skip_self, cap, edges, distance)
+        k, batch = kernels(query.device), _declared.forest_of("radius", query_batch, ref_batch)
+        _fill(k, query, ref, batch, ptr, order, queries, listed, radius, skip_self, cap, edges, distance)
 
     def radius_list_backward(
-        query: Points, ref: Points, ptr: Counts, order: Index, queries: Index, listed: Listed,
+        query: Points, ref: Points, query_batch: Batch, ref_batch: Batch, ptr: Counts, order: Index,
+        queries: Index, listed: Listed,
         radius: T, skip_self: int, cap: int, n_pairs: int, distance: wp.array(dtype=T), edges: Edges,
         adj_distance: wp.array(dtype=T), adj_query: Points, adj_ref: Points, *, needs_input_grad,
     ):  # fmt: skip
         k = kernels(query.device)
         _fill_backward(k, query, ref, edges, ptr, queries, adj_distance, adj_query, adj_ref, needs_input_grad)
 
-    def knn_graph(x: Points, k: int, skip_self: int, edges: Edges):
-        _knn_graph(kernels(x.device), x, k, skip_self, edges)
-
-    for f in (radius_count, radius_list, radius_list_backward, knn_graph):
-        f.__qualname__ = f"{f.__name__}_{dtype}"  # its own registered name per float type
+    def knn_graph(x: Points, batch: Batch, k: int, skip_self: int, edges: Edges):
+        forest = _batches.forest_of("knn_graph", batch, batch, ("batch", "batch"))
+        _knn_graph(kernels(x.device), x, forest, k, skip_self, edges)
 
     def count_dims(query, ref, *_):
         m = query[0]
@@ -117,11 +120,15 @@ def declared(dtype: str) -> types.SimpleNamespace:
             "listed": (m, listed_neighbours(m)),
         }
 
-    def list_dims(query, ref, ptr, order, queries, listed, radius, skip_self, cap, n_pairs):
+    def list_dims(query, ref, query_batch, ref_batch, ptr, order, queries, listed, radius, skip_self, cap, n_pairs):
         return {"distance": (n_pairs,), "edges": (2, n_pairs)}
 
-    return types.SimpleNamespace(
-        radius_count=_declare(radius_count, num_outputs=5, output_dims=count_dims),
-        radius_list=_declare(radius_list, num_outputs=2, output_dims=list_dims, backward=radius_list_backward),
-        knn_graph=_declare(knn_graph, num_outputs=1, output_dims=lambda x, k, s: (2, x[0] * k)),
+    def graph_dims(x, batch, k, skip_self):
+        return (2, x[0] * k)
+
+    return _batches.declare_both(
+        dtype,
+        radius_count=dict(fn=radius_count, num_outputs=5, output_dims=count_dims),
+        radius_list=dict(fn=radius_list, num_outputs=2, output_dims=list_dims, backward=radius_list_backward),
+        knn_graph=dict(fn=knn_graph, num_outputs=1, output_dims=graph_dims),
     )

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from .._core.errors import describe, fail
 from . import _declared_lists
-from ._checks import adapter_of, check_clouds, positive, widen
+from ._checks import adapter_of, batches, check_clouds, declared_op, positive, widen
 
 # The most pairs one list may hold: the kernels address its rows with 32-bit places.
 MAX_PAIRS = (1 << 31) - 1
@@ -27,13 +27,25 @@ class Neighbors(NamedTuple):
     count: Any  #: (M,) int64 neighbours within the radius of each query, before any cap
 
 
-def radius(query: Any, ref: Any, radius: float, *, max_neighbors: int | None = None, loop: bool = True) -> Neighbors:
+def radius(
+    query: Any,
+    ref: Any,
+    radius: float,
+    *,
+    query_batch: Any = None,
+    ref_batch: Any = None,
+    max_neighbors: int | None = None,
+    loop: bool = True,
+) -> Neighbors:
     """Every reference point within ``radius`` of each query point, as lists.
 
     Args:
         query: (M, 3) query points.
         ref: (N, 3) reference points, same dtype and device.
         radius: search radius, > 0 (a point at exactly ``radius`` is in).
+        query_batch, ref_batch: (M,) and (N,) int64 cloud numbers, sorted (PyG's batch
+            vectors): each query's neighbours come from its own cloud only. None (default):
+            one cloud. See ``docs/batches.md``.
         max_neighbors: keep only the closest this many per query (ties by the smaller index);
             ``count`` still says how many there were. None (default): keep all.
         loop: False leaves out the pair ``j == i`` (for ``query`` and ``ref`` the same cloud).
@@ -52,11 +64,12 @@ def radius(query: Any, ref: Any, radius: float, *, max_neighbors: int | None = N
         nb = wb.ops.radius(points, points, 0.05, loop=False)
         mean_dist = torch.segment_reduce(nb.distance, "mean", offsets=nb.ptr)
     """
-    edges, distance, ptr, count = _lists("radius", query, ref, radius, max_neighbors, loop)
+    batch = {"query_batch": query_batch, "ref_batch": ref_batch}
+    edges, distance, ptr, count = _lists("radius", query, ref, radius, max_neighbors, loop, batch)
     return Neighbors(edges[0], distance, ptr, count)
 
 
-def radius_graph(x: Any, r: float, *, loop: bool = False, max_neighbors: int | None = None) -> Any:
+def radius_graph(x: Any, r: float, *, batch: Any = None, loop: bool = False, max_neighbors: int | None = None) -> Any:
     """The radius graph of a point cloud as PyG's ``edge_index``: (2, E) int64, row 0 the
     neighbour ``j`` (source), row 1 the centre ``i`` (target), for every pair within ``r``;
     grouped by centre, nearest first.
@@ -64,6 +77,8 @@ def radius_graph(x: Any, r: float, *, loop: bool = False, max_neighbors: int | N
     Args:
         x: (N, 3) points.
         r: radius, > 0.
+        batch: (N,) int64 cloud numbers, sorted (PyG's batch vector): edges only within a
+            cloud. None (default): one cloud.
         loop: whether each point is its own neighbour (default: no).
         max_neighbors: keep only the closest this many per point; None (default): all.
 
@@ -74,10 +89,10 @@ def radius_graph(x: Any, r: float, *, loop: bool = False, max_neighbors: int | N
 
         edge_index = wb.ops.radius_graph(pos, r=0.1)
     """
-    return _lists("radius_graph", x, x, r, max_neighbors, loop)[0]
+    return _lists("radius_graph", x, x, r, max_neighbors, loop, {"batch": batch})[0]
 
 
-def knn_graph(x: Any, k: int, *, loop: bool = False) -> Any:
+def knn_graph(x: Any, k: int, *, batch: Any = None, loop: bool = False) -> Any:
     """The k-nearest-neighbour graph of a point cloud as PyG's ``edge_index``: (2, N * k) int64,
     row 0 the neighbour ``j`` (source), row 1 the centre ``i`` (target); point ``i``'s edges at
     ``i * k`` onwards, nearest first (ties by the smaller index). With ``loop=False`` a point
@@ -87,6 +102,9 @@ def knn_graph(x: Any, k: int, *, loop: bool = False) -> Any:
     Args:
         x: (N, 3) points.
         k: neighbours per point: ``1 <= k <= N - 1`` (``N`` with ``loop=True``).
+        batch: (N,) int64 cloud numbers, sorted (PyG's batch vector): neighbours only within
+            a cloud; a cloud with k points or fewer pads its points' edges with index -1.
+            None (default): one cloud.
         loop: whether each point may be its own neighbour (default: no).
 
     Raises:
@@ -108,21 +126,25 @@ def knn_graph(x: Any, k: int, *, loop: bool = False) -> Any:
         raise fail(op, f"'k' must satisfy 1 <= k <= {most} = {n - skip_self} (loop={loop}), got {int(k)}")
     if n * int(k) > MAX_PAIRS:
         raise fail(op, f"N * k = {n * int(k):,} edges, more than one graph holds ({MAX_PAIRS:,}, 32-bit places)")
+    clouds = batches(op, a, {"x": x}, {"batch": batch})
     args, ops, _ = widen(op, a, {"x": x}, dtype)
-    return ops.knn_graph(*args, int(k), skip_self)
+    return declared_op(ops, op, clouds)(*args, *clouds, int(k), skip_self)
 
 
-def _lists(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any) -> tuple:
-    """(edges (2, E), distance, ptr, count) of the radius lists."""
+def _lists(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any, batch: dict) -> tuple:
+    """(edges (2, E), distance, ptr, count) of the radius lists; ``batch``: the batch vectors
+    by name (query_batch and ref_batch, or a graph's one batch)."""
     arrays = {"query": query, "ref": ref} if op == "radius" else {"x": query}
     a = adapter_of(op, arrays)
     dtype = check_clouds(op, a, arrays)
+    clouds = batches(op, a, arrays, batch)
+    clouds = clouds * 2 if len(clouds) == 1 else clouds
     r = positive(op, "radius" if op == "radius" else "r", r, dtype)
     cap = _cap(op, max_neighbors)
     skip_self = _skip_self(op, loop)
     args, ops, half = widen(op, a, arrays, dtype)
     args = args * 2 if len(args) == 1 else args
-    count, ptr, order, queries, listed = ops.radius_count(*args, r, cap, skip_self)
+    count, ptr, order, queries, listed = declared_op(ops, "radius_count", clouds)(*args, *clouds, r, cap, skip_self)
     try:
         n_pairs = a.int_at(ptr, -1)
     except Exception as e:  # a tracer (jax.jit): the size of the result depends on the data
@@ -135,7 +157,8 @@ def _lists(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any)
             f"{n_pairs:,} neighbour pairs found, more than one list holds ({MAX_PAIRS:,}, 32-bit places): "
             "pass max_neighbors, a smaller radius, or fewer queries per call",
         )
-    distance, edges = ops.radius_list(*args, ptr, order, queries, listed, r, skip_self, cap, n_pairs)
+    fill = declared_op(ops, "radius_list", clouds)
+    distance, edges = fill(*args, *clouds, ptr, order, queries, listed, r, skip_self, cap, n_pairs)
     return edges, (a.cast(distance, half) if half else distance), ptr, count
 
 

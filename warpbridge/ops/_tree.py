@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import warp as wp
 
@@ -32,42 +32,79 @@ def tree_dims(n: int) -> dict:
     return {"order": (n,), "sorted_points": (n,), "lo": (nodes,), "hi": (nodes,), "min_index": (nodes,)}
 
 
-def tree(k: Any, points: wp.array, into: tuple | None = None, order: wp.array | None = None) -> tuple:
-    """The kd-tree over ``points`` (``into``: its five arrays; default: scratch, with the order
-    in ``order`` where given)."""
+class Forest(NamedTuple):
+    """A kd-tree per cloud of a ragged batch (see ``_batches.clouds``): per cloud (first
+    place, points, first node, depth), the node count, the most points in one cloud."""
+
+    clouds: wp.array
+    nodes: int
+    biggest: int
+
+
+def forest_dims(n: int, forest: Forest) -> dict:
+    """Warp shapes of a forest's arrays over ``n`` points (``tree_dims``' names)."""
+    nodes = (forest.nodes,)
+    return {"order": (n,), "sorted_points": (n,), "lo": nodes, "hi": nodes, "min_index": nodes}
+
+
+def tree(
+    k: Any, points: wp.array, into: tuple | None = None, order: wp.array | None = None, forest: Forest | None = None
+) -> tuple:
+    """The kd-tree over ``points``, or the ``forest`` over their clouds (``into``: its five
+    arrays; default: scratch, with the order in ``order`` where given)."""
     n, device = points.shape[0], points.device
     if into is None:
-        dims = tree_dims(n)
+        dims = tree_dims(n) if forest is None else forest_dims(n, forest)
         types_ = (wp.int32, k.V, k.V, k.V, wp.int32)
         into = tuple(_launch.kept(name, dims[name], t, device) for name, t in zip(TREE, types_))
         if order is not None:
             into = (order, *into[1:])
-    build_tree(k, points, into, device, None)
+    if forest is None:
+        build_tree(k, points, into, device, None)
+    else:
+        build_forest(k, points, into, forest)
     return into
 
 
 def searched_tree(
-    k: Any, points: wp.array, ref: wp.array, queries: wp.array, into: tuple | None = None, order: wp.array | None = None
+    k: Any,
+    points: wp.array,
+    ref: wp.array,
+    queries: wp.array,
+    into: tuple | None = None,
+    order: wp.array | None = None,
+    batch: tuple[Forest, wp.array] | None = None,
 ) -> Any:
     """What a search of ``points`` through a kd-tree over ``ref`` takes: the tree (built as
-    ``tree`` builds it, ``into`` and ``order`` as there), the order it takes the points in
+    ``tree`` builds it, ``into`` and ``order`` as there; with ``batch`` = (the forest over
+    ``ref``'s clouds, ``points``' cloud numbers), a forest), the order it takes the points in
     (written into ``queries``, see ``query_order``), and the tree's struct."""
-    arrays = tree(k, ref, into, order)
-    query_order(k, points, arrays, queries, points.device, None, ref)
-    return tree_struct(k, arrays)
+    forest = None if batch is None else batch[0]
+    arrays = tree(k, ref, into, order, forest)
+    if forest is not None and not _same(points, ref):
+        queries.fill_(-1)  # in the given order, which keeps each cloud's points together
+    else:
+        query_order(k, points, arrays, queries, points.device, None, ref)
+    return tree_struct(k, arrays, batch)
 
 
-def tree_of_order(k: Any, points: wp.array, order: wp.array) -> tuple:
-    """The kd-tree over ``points`` whose order a build already found (``order``, as ``tree``
-    leaves it): the points gathered again and the boxes merged bottom-up, without splitting
-    (scratch). The same arrays as the build's, bit for bit, at a fraction of its cost."""
+def tree_of_order(k: Any, points: wp.array, order: wp.array, forest: Forest | None = None) -> tuple:
+    """The kd-tree (or ``forest``) over ``points`` whose order a build already found
+    (``order``, as ``tree`` leaves it): the points gathered again and the boxes merged
+    bottom-up, without splitting (scratch). The same arrays as the build's, bit for bit, at a
+    fraction of its cost."""
     n, device = points.shape[0], points.device
-    dims = tree_dims(n)
+    dims = tree_dims(n) if forest is None else forest_dims(n, forest)
     pts, lo, hi = (_launch.kept(f"{name}_again", dims[name], k.V, device) for name in TREE[1:4])
     min_index = _launch.kept("min_index_again", dims["min_index"], wp.int32, device)
     _launch.launch_queries(k.tree_regather, n, _launch.threads(device, n // 32), [points, order], [pts], device, None)
-    leaves = lo.shape[0] // 2
     boxes = [lo, hi, min_index]
+    if forest is not None:
+        count = forest.clouds.shape[0]
+        before = [pts, order, forest.clouds]
+        _launch.launch_queries(k.forest_boxes, count, min(count, _cpu(device)), before, boxes, device, None, True)
+        return order, pts, lo, hi, min_index
+    leaves = lo.shape[0] // 2
     _launch.launch_queries(
         k.tree_leaf_boxes, leaves, _launch.threads(device, leaves), [pts, order], boxes, device, None
     )
@@ -77,20 +114,23 @@ def tree_of_order(k: Any, points: wp.array, order: wp.array) -> tuple:
     return order, pts, lo, hi, min_index
 
 
-_STRUCTS = threading.local()  # this thread's last (tree arrays, Tree struct) per module
+_STRUCTS = threading.local()  # this thread's last (tree arrays, batch, Tree struct) per module
 
 
-def tree_struct(k: Any, arrays: tuple) -> Any:
-    """The ``Tree`` struct over a tree's five arrays. A struct takes ~7 us to fill, so this
-    thread's last one is taken again while its arrays are the same (a kNN call's tree is
-    kept scratch, see ``_launch.kept``)."""
+def tree_struct(k: Any, arrays: tuple, batch: tuple[Forest, wp.array] | None = None) -> Any:
+    """The ``Tree`` struct over a tree's five arrays (with ``batch`` as ``searched_tree``
+    takes it, over a forest). A struct takes ~7 us to fill, so this thread's last one is
+    taken again while its arrays are the same (a kNN call's tree is kept scratch, see
+    ``_launch.kept``)."""
     last = getattr(_STRUCTS, k.module, None)
-    if last is not None and all(a is b for a, b in zip(last[0], arrays)):
-        return last[1]
+    if last is not None and batch is None and last[1] is None and all(a is b for a, b in zip(last[0], arrays)):
+        return last[2]
     order, points, lo, hi, min_index = arrays
     tree = k.Tree()
     tree.points, tree.order, tree.lo, tree.hi, tree.min_index = points, order, lo, hi, min_index
-    setattr(_STRUCTS, k.module, (arrays, tree))
+    if batch is not None:
+        tree.clouds, tree.batch = batch[0].clouds, batch[1]
+    setattr(_STRUCTS, k.module, (arrays, batch, tree))
     return tree
 
 
@@ -153,6 +193,29 @@ def build_tree(
         _launch.launch_queries(k.tree_up, width, min(width, _cpu(device)), [width], boxes, device, stream, scatter=True)
 
 
+def build_forest(k: Any, points: wp.array, tree: tuple, forest: Forest) -> None:
+    """Build ``forest`` over ``points`` into ``tree`` (as ``build_tree``'s): one thread per
+    cloud builds its whole tree (``kdtree.build.subtree``), in its own row of records on the
+    CPU, as ``build_tree``'s subtrees."""
+    order, sorted_points, lo, hi, min_index = tree
+    n, device, count = points.shape[0], points.device, forest.clouds.shape[0]
+    _launch.launch_queries(
+        k.tree_init, n, _launch.threads(device, n // 32), [points], [sorted_points, order], device, None
+    )
+    slots = min(count, _cpu(device))
+    room = min(ITEMS_ROOM, forest.biggest) if device.is_cpu else 0
+    items = (
+        _launch.kept("tree_items", (slots * room,), k.Item, device) if room else _launch.nothing((0,), k.Item, device)
+    )
+    before = [sorted_points, order, items, forest.clouds]
+    _launch.launch_queries(k.forest_trees, count, max(slots, 1), before, [lo, hi, min_index], device, None, True, slots)
+
+
+def _same(points: wp.array, other: wp.array) -> bool:
+    """Whether two arrays are the same points: the same memory, shape and strides."""
+    return points.ptr == other.ptr and points.shape == other.shape and points.strides == other.strides
+
+
 def query_order(
     k: Any, points: wp.array, tree: tuple, order: wp.array, device: Any, stream: Any, tree_of: wp.array
 ) -> None:
@@ -171,7 +234,7 @@ def query_order(
       ``query_at``)."""
     m = points.shape[0]
     _, sorted_points, lo, hi, _ = tree
-    if m and points.ptr == tree_of.ptr and points.shape == tree_of.shape and points.strides == tree_of.strides:
+    if m and _same(points, tree_of):
         with _on(stream):
             wp.copy(order, tree[0])
         return

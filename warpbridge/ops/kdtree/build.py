@@ -6,7 +6,7 @@ from __future__ import annotations
 import warp as wp
 
 from .dtypes import Item, T, V
-from .geometry import finite, part
+from .geometry import finite, levels, part
 from .partition import split_axis, split_node
 from .template import func, kernel
 
@@ -60,11 +60,12 @@ def unpack(
 
 
 @func
-def merge_up(node: int, lo: wp.array(dtype=V), hi: wp.array(dtype=V), min_index: wp.array(dtype=wp.int32)):
-    a = 2 * node
-    lo[node] = wp.min(lo[a], lo[a + 1])
-    hi[node] = wp.max(hi[a], hi[a + 1])
-    min_index[node] = wp.min(min_index[a], min_index[a + 1])
+def merge_up(base: int, node: int, lo: wp.array(dtype=V), hi: wp.array(dtype=V), min_index: wp.array(dtype=wp.int32)):
+    # Node `node` of the tree whose nodes start at `base`, from its children.
+    a = base + 2 * node
+    lo[base + node] = wp.min(lo[a], lo[a + 1])
+    hi[base + node] = wp.max(hi[a], hi[a + 1])
+    min_index[base + node] = wp.min(min_index[a], min_index[a + 1])
 
 
 @kernel
@@ -76,7 +77,7 @@ def tree_up(
     hi: wp.array(dtype=V),
     min_index: wp.array(dtype=wp.int32),
 ):
-    merge_up(parts + wp.tid() * stride + offset, lo, hi, min_index)
+    merge_up(0, parts + wp.tid() * stride + offset, lo, hi, min_index)
 
 
 @kernel
@@ -129,7 +130,7 @@ def tree_split(
     stride: int,
     offset: int,
 ):
-    split_node(pts, order, items, 0, False, pts.shape[0], parts, wp.tid() * stride + offset)
+    split_node(pts, order, items, 0, False, 0, pts.shape[0], parts, wp.tid() * stride + offset)
 
 
 # A level split by sorting, for CUDA (a quickselect per node leaves the top levels to a
@@ -192,6 +193,59 @@ def tree_gather(
     order_out[j] = order[places[j]]
 
 
+@func
+def subtree(
+    pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32), items: wp.array(dtype=Item), c: wp.vec4i,
+    parts: int, r: int, slot: int, room: int, lo: wp.array(dtype=V), hi: wp.array(dtype=V),
+    min_index: wp.array(dtype=wp.int32),
+):  # fmt: skip
+    # The whole subtree under node (parts + r) of cloud c = (first place, points, first
+    # node, depth): its splits level by level, its leaves' boxes, then its boxes bottom-up.
+    # Row `slot` of `items` has room for `room` records: the levels whose nodes do not fit
+    # split in place; below, each node is packed into the row, split down to its leaves
+    # there, and unpacked (CUDA: no rows, everything splits in place).
+    first, n, base = c[0], c[1], c[2]
+    leaves = 1 << c[3]
+    level = parts
+    width = int(1)
+    while level < leaves and (wp.int64(n) + wp.int64(level - 1)) // wp.int64(level) > wp.int64(room):
+        for j in range(width):
+            split_node(pts, order, items, 0, False, first, n, level, r * width + j)
+        level = level * 2
+        width = width * 2
+    if level < leaves:
+        for j in range(width):
+            node = r * width + j
+            s = first + part(node, n, level)
+            e = first + part(node + 1, n, level)
+            at = s - slot * room
+            pack(pts, order, items, at, s, e)
+            sub = level
+            below = int(1)
+            while sub < leaves:
+                for jj in range(below):
+                    split_node(pts, order, items, at, True, first, n, sub, node * below + jj)
+                sub = sub * 2
+                below = below * 2
+            unpack(items, at, s, e, pts, order)
+        width = width * (leaves // level)
+        level = leaves
+    for j in range(width):
+        leaf = r * width + j
+        s = first + part(leaf, n, leaves)
+        node_box(pts, order, s, first + part(leaf + 1, n, leaves), base + leaves + leaf, lo, hi, min_index)
+    while level > parts:
+        level = level // 2
+        width = width // 2
+        for j in range(width):
+            merge_up(base, level + r * width + j, lo, hi, min_index)
+    if r == 0:
+        # Node 0 is unused but returned (as a saved output): deterministic contents.
+        lo[base] = V(T(0.0))
+        hi[base] = V(T(0.0))
+        min_index[base] = 0
+
+
 @kernel
 def tree_subtrees(
     pts: wp.array(dtype=V),
@@ -204,49 +258,55 @@ def tree_subtrees(
     hi: wp.array(dtype=V),
     min_index: wp.array(dtype=wp.int32),
 ):
-    # One thread builds the whole subtree under node (parts + r): its splits level by
-    # level, its leaves' boxes, then its boxes bottom-up. A scatter launch's share
-    # `offset % stride` (of `stride`) owns that row of `items`, room for `room` records: the
-    # levels whose nodes do not fit split in place; below, each node is packed into the
-    # row, split down to its leaves there, and unpacked (CUDA: no rows, nothing to split).
-    r = wp.tid() * stride + offset
-    n = pts.shape[0]
-    leaves = lo.shape[0] // 2
+    # One thread per subtree under the level of `parts` nodes (see subtree): a scatter
+    # launch's share `offset % stride` (of `stride`) owns that row of `items`.
+    c = wp.vec4i(0, pts.shape[0], 0, levels(lo.shape[0] // 2))
     room = items.shape[0] // stride
-    level = parts
-    width = int(1)
-    while level < leaves and (wp.int64(n) + wp.int64(level - 1)) // wp.int64(level) > wp.int64(room):
-        for j in range(width):
-            split_node(pts, order, items, 0, False, n, level, r * width + j)
-        level = level * 2
-        width = width * 2
-    if level < leaves:
-        for j in range(width):
-            node = r * width + j
-            s = part(node, n, level)
-            e = part(node + 1, n, level)
-            base = s - (offset % stride) * room
-            pack(pts, order, items, base, s, e)
-            sub = level
-            below = int(1)
-            while sub < leaves:
-                for jj in range(below):
-                    split_node(pts, order, items, base, True, n, sub, node * below + jj)
-                sub = sub * 2
-                below = below * 2
-            unpack(items, base, s, e, pts, order)
-        width = width * (leaves // level)
-        level = leaves
-    for j in range(width):
-        leaf = r * width + j
-        node_box(pts, order, part(leaf, n, leaves), part(leaf + 1, n, leaves), leaves + leaf, lo, hi, min_index)
-    while level > parts:
+    subtree(pts, order, items, c, parts, wp.tid() * stride + offset, offset % stride, room, lo, hi, min_index)
+
+
+@kernel
+def forest_trees(
+    pts: wp.array(dtype=V),
+    order: wp.array(dtype=wp.int32),
+    items: wp.array(dtype=Item),
+    clouds: wp.array(dtype=wp.vec4i),
+    stride: int,
+    offset: int,
+    lo: wp.array(dtype=V),
+    hi: wp.array(dtype=V),
+    min_index: wp.array(dtype=wp.int32),
+):
+    # A forest, one thread per cloud's whole tree (see subtree), rows of `items` as in
+    # tree_subtrees.
+    c = clouds[wp.tid() * stride + offset]
+    subtree(pts, order, items, c, 1, 0, offset % stride, items.shape[0] // stride, lo, hi, min_index)
+
+
+@kernel
+def forest_boxes(
+    pts: wp.array(dtype=V),
+    order: wp.array(dtype=wp.int32),
+    clouds: wp.array(dtype=wp.vec4i),
+    stride: int,
+    offset: int,
+    lo: wp.array(dtype=V),
+    hi: wp.array(dtype=V),
+    min_index: wp.array(dtype=wp.int32),
+):
+    # A forest's boxes from its points in the order a build left, one thread per cloud:
+    # the leaves', then bottom-up, as subtree takes them.
+    c = clouds[wp.tid() * stride + offset]
+    first, n, base = c[0], c[1], c[2]
+    leaves = 1 << c[3]
+    for leaf in range(leaves):
+        s = first + part(leaf, n, leaves)
+        node_box(pts, order, s, first + part(leaf + 1, n, leaves), base + leaves + leaf, lo, hi, min_index)
+    level = leaves // 2
+    while level > 0:
+        for j in range(level):
+            merge_up(base, level + j, lo, hi, min_index)
         level = level // 2
-        width = width // 2
-        for j in range(width):
-            merge_up(level + r * width + j, lo, hi, min_index)
-    if r == 0:
-        # Node 0 is unused but returned (as a saved output): deterministic contents.
-        lo[0] = V(T(0.0))
-        hi[0] = V(T(0.0))
-        min_index[0] = 0
+    lo[base] = V(T(0.0))
+    hi[base] = V(T(0.0))
+    min_index[base] = 0

@@ -36,11 +36,16 @@ def names(scalar: Any) -> dict:
     class Tree:
         # The kd-tree (see the package's docstring): the points in the tree's order, their
         # original indices, and per node its box and the smallest original index in it.
+        # Over a batch of clouds, a forest: per cloud (first place, points, first node,
+        # depth) in `clouds`, and the cloud of each point searched for in `batch`; both
+        # empty for one cloud (see geometry.cloud_of).
         points: wp.array(dtype=V)
         order: wp.array(dtype=wp.int32)
         lo: wp.array(dtype=V)
         hi: wp.array(dtype=V)
         min_index: wp.array(dtype=wp.int32)
+        clouds: wp.array(dtype=wp.vec4i)
+        batch: wp.array(dtype=wp.int64)
 
     class Rows:
         # (M, F) rows, and the same rows seen as (M, F / 4) groups of 4 (empty unless

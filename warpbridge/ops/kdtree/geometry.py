@@ -98,16 +98,34 @@ def after(node: int) -> int:
 
 
 @func
-def leaf_from(tree: Tree, q: V, node: int, reach: T, radius: T) -> int:
-    # The radius searches' walk: from `node` on in depth-first order, the first leaf that may
-    # hold a point within `radius` of q (near_box); 0 when none is left. A node out of reach
-    # is passed over with its subtree. The tree's implicit layout (node c's children are 2c
-    # and 2c + 1) makes the walk's state one node, so every radius pass shares this walk:
-    #     leaf = leaf_from(tree, q, 1, reach, radius)
-    #     while leaf > 0: (the leaf's points) ... leaf = leaf_from(tree, q, after(leaf), ...)
-    leaves = tree.lo.shape[0] // 2
+def cloud_of(tree: Tree, i: int) -> wp.vec4i:
+    # The cloud of the tree that point i searches: (first place, points, first node, depth).
+    # One cloud: the whole tree. In a forest, cloud c's tree has the implicit layout of a
+    # tree over its points alone, node c' at clouds[c][2] + c', place t at clouds[c][0] + t.
+    if tree.batch.shape[0] == 0:
+        return wp.vec4i(0, tree.points.shape[0], 0, levels(tree.lo.shape[0] // 2))
+    return tree.clouds[int(tree.batch[i])]
+
+
+@func
+def leaf_places(c: wp.vec4i, leaf: int) -> wp.vec2i:
+    # The places [s, e) of cloud c's points in its leaf `leaf` (a node number).
+    first = leaf - (1 << c[3])
+    return wp.vec2i(c[0] + leaf_start(first, c[1], c[3]), c[0] + leaf_start(first + 1, c[1], c[3]))
+
+
+@func
+def leaf_from(tree: Tree, c: wp.vec4i, q: V, node: int, reach: T, radius: T) -> int:
+    # The radius searches' walk in cloud c: from `node` on in depth-first order, the first
+    # leaf that may hold a point within `radius` of q (near_box); 0 when none is left. A
+    # node out of reach is passed over with its subtree. The tree's implicit layout (node
+    # c's children are 2c and 2c + 1) makes the walk's state one node, so every radius pass
+    # shares this walk:
+    #     leaf = leaf_from(tree, c, q, 1, reach, radius)
+    #     while leaf > 0: (the leaf's points) ... leaf = leaf_from(tree, c, q, after(leaf), ...)
+    leaves, base = 1 << c[3], c[2]
     while node > 0:
-        if near_box(q, tree.lo[node], tree.hi[node], reach, radius):
+        if near_box(q, tree.lo[base + node], tree.hi[base + node], reach, radius):
             if node >= leaves:
                 return node
             node = 2 * node
@@ -127,33 +145,32 @@ def query_at(t: int, queries: wp.array(dtype=wp.int32)) -> int:
 
 
 @func
-def ball_next(tree: Tree, q: V, reach: T, radius: T, depth: int, at: wp.vec3i) -> wp.vec3i:
-    # The radius passes' walk, one point within `radius` of q at a time. `at` is (leaf, s, e):
-    # the walk stands at place s of the leaf whose places are [s0, e); the result is the same
-    # for the next point within reach from there on (at[1] its place), leaf 0 once none is
-    # left. Leaves come from leaf_from, in depth-first order. Start with ball_first.
+def ball_next(tree: Tree, c: wp.vec4i, q: V, reach: T, radius: T, at: wp.vec3i) -> wp.vec3i:
+    # The radius passes' walk in cloud c, one point within `radius` of q at a time. `at` is
+    # (leaf, s, e): the walk stands at place s of the leaf whose places end at e; the result
+    # is the same for the next point within reach from there on (at[1] its place), leaf 0
+    # once none is left. Leaves come from leaf_from, in depth-first order. Start with
+    # ball_first.
     pts = tree.points
     leaf, s, e = at[0], at[1], at[2]
-    n, leaves = pts.shape[0], tree.lo.shape[0] // 2
     while leaf > 0:
         while s < e:
             diff = q - pts[s]
             if wp.dot(diff, diff) <= reach and norm(diff) <= radius:
                 return wp.vec3i(leaf, s, e)
             s += 1
-        leaf = leaf_from(tree, q, after(leaf), reach, radius)
-        s = leaf_start(leaf - leaves, n, depth)
-        e = leaf_start(leaf - leaves + 1, n, depth)
+        leaf = leaf_from(tree, c, q, after(leaf), reach, radius)
+        places = leaf_places(c, leaf)
+        s = places[0]
+        e = places[1]
     return wp.vec3i(0, 0, 0)
 
 
 @func
-def ball_first(tree: Tree, q: V, reach: T, radius: T, depth: int) -> wp.vec3i:
-    # Where the walk of ball_next starts: the first point within `radius` of q.
-    leaves = tree.lo.shape[0] // 2
+def ball_first(tree: Tree, c: wp.vec4i, q: V, reach: T, radius: T) -> wp.vec3i:
+    # Where the walk of ball_next starts: the first point of cloud c within `radius` of q.
     leaf = int(0)
-    if finite(q):
-        leaf = leaf_from(tree, q, 1, reach, radius)
-    n = tree.points.shape[0]
-    at = wp.vec3i(leaf, leaf_start(leaf - leaves, n, depth), leaf_start(leaf - leaves + 1, n, depth))
-    return ball_next(tree, q, reach, radius, depth, at)
+    if finite(q) and c[1] > 0:
+        leaf = leaf_from(tree, c, q, 1, reach, radius)
+    places = leaf_places(c, leaf)
+    return ball_next(tree, c, q, reach, radius, wp.vec3i(leaf, places[0], places[1]))

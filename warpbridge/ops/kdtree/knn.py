@@ -10,7 +10,7 @@ import warp as wp
 
 from . import template
 from .dtypes import STACK, Grads, Nearest, Rows, T, Tree, V
-from .geometry import norm, query_at
+from .geometry import cloud_of, norm, query_at
 from .rows import add_feature_row, feature_dot, pull_on_distance, row_dot, sub_from_ref
 from .template import kernel
 
@@ -66,9 +66,9 @@ def aggregate_row(
 ): ...
 
 
-# knn_query: query i's k nearest points, sorted by distance, then index, into its rows of
-# dist and idx (inf and -1 where there are fewer than k points; no search for a query
-# that is not finite). Depth first from the root: the nearer child first, the other on
+# knn_query: query i's k nearest points of its cloud (see geometry.cloud_of), sorted by
+# distance, then index, into its rows of dist and idx (inf and -1 where there are fewer
+# than k points; no search for a query that is not finite). Depth first from the root: the nearer child first, the other on
 # the stack with its squared gap (box_gap2). Once the list is full, a box or a point
 # whose squared gap exceeds `b` (sq_bound of the k-th distance) is certainly farther and
 # is skipped without a square root; a box at least as far as the k-th with only larger
@@ -92,15 +92,15 @@ auto D = [&](int n) -> Real& { return *(Real*)(dr + (size_t)n * ds); };
 auto J = [&](int n) -> wp::int64& { return *(wp::int64*)(ir + (size_t)n * is); };
 for (int n = 0; n < k; ++n) { D(n) = inf; J(n) = -1; }
 if (!(wp::abs(q[0]) < inf && wp::abs(q[1]) < inf && wp::abs(q[2]) < inf)) return;
-const Vec* __restrict__ P = (const Vec*)sorted_points.data;  // the tree's arrays are packed
-const wp::int32* __restrict__ O = (const wp::int32*)order.data;
-const Vec* __restrict__ LO = (const Vec*)lo.data;
-const Vec* __restrict__ HI = (const Vec*)hi.data;
-const wp::int32* __restrict__ MI = (const wp::int32*)min_index.data;
-const int n = sorted_points.shape[0];
-const int leaves = lo.shape[0] / 2;
-int depth = 0;
-while ((1 << depth) < leaves) ++depth;
+const int n = cloud[1];  // the cloud's points, from place cloud[0]; its nodes from cloud[2]
+if (n == 0) return;
+const Vec* __restrict__ P = (const Vec*)sorted_points.data + cloud[0];  // the tree's arrays are packed
+const wp::int32* __restrict__ O = (const wp::int32*)order.data + cloud[0];
+const Vec* __restrict__ LO = (const Vec*)lo.data + cloud[2];
+const Vec* __restrict__ HI = (const Vec*)hi.data + cloud[2];
+const wp::int32* __restrict__ MI = (const wp::int32*)min_index.data + cloud[2];
+const int depth = cloud[3];
+const int leaves = 1 << depth;
 auto norm3 = [&](Real x, Real y, Real z) -> Real {
     const Real d2 = x * x + y * y + z * z;
     if (d2 < inf && d2 >= (Real)1e-30) return wp::sqrt(d2);
@@ -211,6 +211,7 @@ def knn_query(
     lo: wp.array(dtype=V),
     hi: wp.array(dtype=V),
     min_index: wp.array(dtype=wp.int32),
+    cloud: wp.vec4i,
     k: int,
     i: int,
     dist: wp.array2d(dtype=T),
@@ -235,7 +236,8 @@ def knn_search(
 ):
     # With a non-empty `out`, also aggregates (knn_aggregate) while the row is hot in cache.
     i = query_at(wp.tid() * stride + offset, queries)
-    knn_query(query[i], tree.order, tree.points, tree.lo, tree.hi, tree.min_index, k, i, dist, idx, features)
+    c = cloud_of(tree, i)
+    knn_query(query[i], tree.order, tree.points, tree.lo, tree.hi, tree.min_index, c, k, i, dist, idx, features)
     if out.shape[0] > 0:
         aggregate_row(features, dist, idx, sigma, i, out)
 

@@ -13,7 +13,7 @@ import warp as wp
 
 from . import template
 from .dtypes import Grads, T, Tree, V
-from .geometry import ball_first, ball_next, levels, norm, query_at, sq_bound
+from .geometry import ball_first, ball_next, cloud_of, norm, query_at, sq_bound
 from .knn import QUERY, REF
 from .rows import pull_on_distance
 from .template import func, kernel
@@ -36,15 +36,15 @@ def radius_count(
     i = query_at(wp.tid() * stride + offset, queries)
     q, order = query[i], tree.order
     reach = sq_bound(radius)
-    depth = levels(tree.lo.shape[0] // 2)
+    c = cloud_of(tree, i)
     count = int(0)
-    at = ball_first(tree, q, reach, radius, depth)
+    at = ball_first(tree, c, q, reach, radius)
     while at[0] > 0:
         if skip_self == 0 or order[at[1]] != i:
             if count < listed.shape[1]:
                 listed[i, count] = at[1]
             count += 1
-        at = ball_next(tree, q, reach, radius, depth, wp.vec3i(at[0], at[1] + 1, at[2]))
+        at = ball_next(tree, c, q, reach, radius, wp.vec3i(at[0], at[1] + 1, at[2]))
     counts[i] = wp.int64(count)
 
 
@@ -160,14 +160,15 @@ def sort_row(dist: wp.array(dtype=T), idx: wp.array(dtype=wp.int64), s: int, siz
 
 @func
 def walk_row(
-    tree: Tree, q: V, i: int, reach: T, radius: T, depth: int, skip_self: int, fits: bool,
+    tree: Tree, q: V, i: int, reach: T, radius: T, skip_self: int, fits: bool,
     s: int, room: int, distance: wp.array(dtype=T), index: wp.array(dtype=wp.int64),
 ) -> int:  # fmt: skip
     # Query i's row at s, from a walk: every neighbour in turn where they all fit, else a
     # max-heap of the room closest so far. Returns how many it holds.
     order = tree.order
     size = int(0)
-    at = ball_first(tree, q, reach, radius, depth)
+    c = cloud_of(tree, i)
+    at = ball_first(tree, c, q, reach, radius)
     while at[0] > 0:
         j = wp.int64(order[at[1]])
         if skip_self == 0 or j != wp.int64(i):
@@ -183,7 +184,7 @@ def walk_row(
                 distance[s] = d
                 index[s] = j
                 sift_down(distance, index, s, 0, size)
-        at = ball_next(tree, q, reach, radius, depth, wp.vec3i(at[0], at[1] + 1, at[2]))
+        at = ball_next(tree, c, q, reach, radius, wp.vec3i(at[0], at[1] + 1, at[2]))
     return size
 
 
@@ -208,7 +209,6 @@ def radius_fill(
     q, order = query[i], tree.order
     s, room = int(ptr[i]), int(ptr[i + 1] - ptr[i])
     reach = sq_bound(radius)
-    depth = levels(tree.lo.shape[0] // 2)
     index = edges[0]
     size = room
     if room < cap and room <= listed.shape[1]:  # every neighbour fits, and radius_count listed them
@@ -217,7 +217,7 @@ def radius_fill(
             distance[s + c] = norm(q - tree.points[t])
             index[s + c] = wp.int64(order[t])
     elif room > 0:
-        size = walk_row(tree, q, i, reach, radius, depth, skip_self, room < cap, s, room, distance, index)
+        size = walk_row(tree, q, i, reach, radius, skip_self, room < cap, s, room, distance, index)
     sort_row(distance, index, s, size)
     for e in range(s, s + room):
         edges[1, e] = wp.int64(i)

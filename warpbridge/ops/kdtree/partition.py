@@ -139,15 +139,16 @@ def split_node(
     items: wp.array(dtype=Item),
     base: int,
     packed: bool,
+    first: int,
     n: int,
     parts: int,
     i: int,
 ):
-    # Node i of a level with `parts` nodes: put its point of rank m along its widest axis
-    # at the children's boundary.
-    s = part(i, n, parts)
-    e = part(i + 1, n, parts)
-    m = part(2 * i + 1, n, 2 * parts)
+    # Node i of a level with `parts` nodes over the n points from place `first` on: put
+    # its point of rank m along its widest axis at the children's boundary.
+    s = first + part(i, n, parts)
+    e = first + part(i + 1, n, parts)
+    m = first + part(2 * i + 1, n, 2 * parts)
     axis = split_axis(pts, items, base, packed, s, e)
     if m < e:
         # Quickselect of position m along the axis, keys compared as (coordinate, original
@@ -164,9 +165,10 @@ def split_node(
                 at = SampleAt()
                 for si in range(SAMPLE):
                     # One place drawn (by a hash of the range) from each of SAMPLE equal
-                    # strata: evenly spaced places made a point repeated 50 times in a row
+                    # strata (by places within the cloud, so a forest's trees are those of
+                    # their clouds alone): evenly spaced places made a point repeated 50 times in a row
                     # (np.repeat) build 25% slower than the same points shuffled.
-                    h = int(wp.rand_init(left, si) % wp.uint32(span + 1))
+                    h = int(wp.rand_init(left - first, si) % wp.uint32(span + 1))
                     t = left + part(si, span + 1, SAMPLE) + h // SAMPLE
                     v = point_at(pts, items, base, packed, t)[axis]
                     vi = index_at(order, items, base, packed, t)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import warp as wp
 
 from .dtypes import Ball, Grads, Pairs, Rows, T, Tree, V
-from .geometry import after, ball_first, ball_next, finite, leaf_from, leaf_start, levels, norm, query_at, sq_bound
+from .geometry import after, ball_first, ball_next, cloud_of, finite, leaf_from, leaf_places, norm, query_at, sq_bound
 from .knn import FEATURES, QUERY, REF
 from .rows import add_feature_row, feature_dot, row_axpy, row_dot, row_scale, sub_from_ref
 from .template import func, kernel
@@ -55,14 +55,14 @@ def radius_forward(
     nearest = T(0.0)
     found = int(0)
     count = int(0)  # neighbours: sizes the backward's pair list
-    n, leaves = pts.shape[0], tree.lo.shape[0] // 2
-    depth = levels(leaves)
+    c = cloud_of(tree, i)
     reach = sq_bound(radius)  # boxes and points beyond are certainly outside the ball
     leaf = int(0)
-    if finite(q):
-        leaf = leaf_from(tree, q, 1, reach, radius)
+    if finite(q) and c[1] > 0:
+        leaf = leaf_from(tree, c, q, 1, reach, radius)
     while leaf > 0:
-        for s in range(leaf_start(leaf - leaves, n, depth), leaf_start(leaf - leaves + 1, n, depth)):
+        places = leaf_places(c, leaf)
+        for s in range(places[0], places[1]):
             diff = q - pts[s]
             if wp.dot(diff, diff) > reach:
                 continue
@@ -93,7 +93,7 @@ def radius_forward(
                         y4[i, f] = y4[i, f] + w * x4[j, f]
                 else:
                     row_axpy(y, i, w, x, j, nf)
-        leaf = leaf_from(tree, q, after(leaf), reach, radius)
+        leaf = leaf_from(tree, c, q, after(leaf), reach, radius)
     if found != 0:
         row_scale(y, i, T(1.0) / total, nf)
     stats[i, 0] = total
@@ -159,12 +159,12 @@ def radius_backward_query(
     pts, order, radius, sigma = tree.points, tree.order, ball.radius, ball.sigma
     dq = V(T(0.0))
     reach = sq_bound(radius)
-    depth = levels(tree.lo.shape[0] // 2)
+    cloud = cloud_of(tree, i)
     # the neighbours the forward listed, when it listed all, in the same order; else a walk
     listed = walk and count <= ball.neighbours.shape[1]
     at = wp.vec3i(0, 0, 0)
     if walk and not listed:
-        at = ball_first(tree, q, reach, radius, depth)
+        at = ball_first(tree, cloud, q, reach, radius)
     c = int(0)
     while (listed and c < count) or at[0] > 0:
         s = at[1]
@@ -178,7 +178,7 @@ def radius_backward_query(
         dq += diff * cd
         k += 1
         if not listed:
-            at = ball_next(tree, q, reach, radius, depth, wp.vec3i(at[0], s + 1, at[2]))
+            at = ball_next(tree, cloud, q, reach, radius, wp.vec3i(at[0], s + 1, at[2]))
     if (needs & QUERY) != 0:
         grads.d_query[i] = dq
 
@@ -207,8 +207,8 @@ def radius_backward_ref(
             grads.d_features[j, f] = T(0.0)
     pts, order, radius, sigma = tree.points, tree.order, ball.radius, ball.sigma
     reach = sq_bound(radius)
-    depth = levels(tree.lo.shape[0] // 2)
-    at = ball_first(tree, r, reach, radius, depth)
+    c = cloud_of(tree, j)
+    at = ball_first(tree, c, r, reach, radius)
     while at[0] > 0:
         s = at[1]
         diff = pts[s] - r  # q - r, exactly as the forward computed it
@@ -220,7 +220,7 @@ def radius_backward_ref(
         if (needs & REF) != 0 and d > T(0.0):
             g_f = row_dot(grad, i, features, j, nf)
             dr -= diff * (p * (grads.g_out[i] - g_f) / (sigma * d))
-        at = ball_next(tree, r, reach, radius, depth, wp.vec3i(at[0], s + 1, at[2]))
+        at = ball_next(tree, c, r, reach, radius, wp.vec3i(at[0], s + 1, at[2]))
     if (needs & REF) != 0:
         grads.d_ref[j] = dr
 

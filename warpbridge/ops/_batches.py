@@ -1,0 +1,134 @@
+"""Ragged batches: PyG's sorted batch vectors, read on the host, and the clouds they make
+(the layout of a kd-tree forest, one tree per cloud, see ``kdtree.geometry.cloud_of``)."""
+
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Any
+
+import numpy as np
+import warp as wp
+
+from .._core.errors import fail
+from .._core.op import op as _declare
+from . import _launch, kdtree
+from ._tree import Forest
+
+# The most clouds in a batch: cloud numbers are int32 in the kernels.
+MAX_CLOUDS = 1 << 30
+
+
+def batch_values(op: str, name: str, batch: wp.array) -> np.ndarray:
+    """A batch vector's values on the host, checked: non-negative, sorted, below MAX_CLOUDS."""
+    values = batch.numpy()
+    if values.size == 0:
+        return values
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high >= MAX_CLOUDS:
+        raise fail(op, f"'{name}' must hold cloud numbers from 0 to {MAX_CLOUDS - 1}, got values from {low} to {high}")
+    steps = np.flatnonzero(values[1:] < values[:-1])
+    if steps.size:
+        at = int(steps[0]) + 1
+        raise fail(
+            op,
+            f"'{name}' must be sorted (each cloud's points together, clouds in increasing order, as PyG's batch "
+            f"vectors are), but {name}[{at}] = {int(values[at])} follows {name}[{at - 1}] = {int(values[at - 1])}",
+        )
+    return values
+
+
+def cloud_count(*values: np.ndarray) -> int:
+    """The number of clouds: one more than the largest cloud number in any of ``values``."""
+    return max((int(v[-1]) + 1 for v in values if v.size), default=0)
+
+
+def tree_depths(counts: np.ndarray) -> np.ndarray:
+    """Per cloud of ``counts`` points, the depth of its tree: the fewest levels that leave at
+    most LEAF_SIZE points per leaf (0 for an empty cloud)."""
+    leaves_wanted = np.maximum(-(-counts // kdtree.LEAF_SIZE) - 1, 0)
+    return np.frexp(leaves_wanted.astype(np.float64))[1].astype(np.int64)  # bit lengths
+
+
+def clouds(values: np.ndarray, count: int, device: Any) -> tuple[wp.array, int, int]:
+    """The forest over points of the sorted cloud numbers ``values``, ``count`` clouds: per
+    cloud (first place, points, first node, depth) as a (count,) vec4i array, the forest's
+    node count, and the most points in one cloud."""
+    points = np.bincount(values, minlength=count).astype(np.int64)
+    depths = tree_depths(points)
+    nodes = np.int64(2) << depths
+    table = np.empty((count, 4), dtype=np.int32)
+    table[:, 0] = np.cumsum(points) - points
+    table[:, 1] = points
+    table[:, 2] = np.cumsum(nodes) - nodes
+    table[:, 3] = depths
+    total = int(nodes.sum())
+    if total >= 1 << 31:
+        raise OverflowError(f"a forest of {total} nodes: more than 32-bit node numbers address")
+    return wp.array(table, dtype=wp.vec4i, device=device), total, int(points.max(initial=0))
+
+
+def forest_of(op: str, searched: wp.array, tree_of: wp.array, names: tuple[str, str]) -> Any:
+    """For a search of points with cloud numbers ``searched`` through a tree over points with
+    cloud numbers ``tree_of`` (their arguments' ``names``): (the forest over ``tree_of``'s
+    clouds, ``searched``), as ``_tree.searched_tree`` takes it; None for one cloud (both
+    empty)."""
+    if searched.shape[0] == 0 and tree_of.shape[0] == 0:
+        return None
+    searched_values = batch_values(op, names[0], searched)
+    tree_values = batch_values(op, names[1], tree_of)
+    count = cloud_count(searched_values, tree_values)
+    return Forest(*clouds(tree_values, count, tree_of.device)), searched
+
+
+# The batch vectors' names in the ops' launch functions, backwards and output_dims.
+BATCH_NAMES = ("query_batch", "ref_batch", "batch")
+
+
+def declare_both(dtype: str, **specs: dict) -> types.SimpleNamespace:
+    """Each op of ``specs`` (name: its launch function as ``fn``, and ``wb.op``'s options),
+    declared twice: ``<name>_batched`` takes the batch vectors, ``<name>`` is the same op for
+    one cloud, without them (so a call on one cloud passes nothing more than before). Each
+    gets its own registered name per float type (``torch.ops.warpbridge.<...>knn_float64<...>``)."""
+    ops = {}
+    for name, spec in specs.items():
+        options = dict(spec)
+        fn, backward = options.pop("fn"), options.pop("backward", None)
+        ops[f"{name}_batched"] = _declare(
+            _named(fn, f"{name}_batched_{dtype}"),
+            backward=backward and _named(backward, f"{name}_batched_backward_{dtype}"),
+            **options,
+        )
+        options["output_dims"] = _one_cloud(options["output_dims"], lambda first: (0,))
+        ops[name] = _declare(
+            _named(_one_cloud(fn, _no_batch), f"{name}_{dtype}"),
+            backward=backward and _named(_one_cloud(backward, _no_batch), f"{name}_backward_{dtype}"),
+            **options,
+        )
+    return types.SimpleNamespace(**ops)
+
+
+def _named(fn: Any, qualname: str) -> Any:
+    fn.__qualname__ = qualname
+    return fn
+
+
+def _no_batch(first: wp.array) -> wp.array:
+    return _launch.nothing((0,), wp.int64, first.device)
+
+
+def _one_cloud(fn: Any, empty: Any) -> Any:
+    """``fn`` without its batch vector parameters, which it gets as ``empty(first argument)``."""
+    signature = inspect.signature(fn)
+    params = list(signature.parameters.values())
+    places = [i for i, p in enumerate(params) if p.name in BATCH_NAMES]
+
+    def one_cloud(*args: Any, **kwargs: Any) -> Any:
+        args_ = list(args)
+        for i in places:
+            args_.insert(i, empty(args[0]))
+        return fn(*args_, **kwargs)
+
+    one_cloud.__signature__ = signature.replace(parameters=[p for p in params if p.name not in BATCH_NAMES])
+    one_cloud.__name__ = fn.__name__
+    return one_cloud
