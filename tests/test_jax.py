@@ -272,3 +272,26 @@ def test_neighbour_lists_eagerly_with_gradients_and_refused_under_jit():
         jax.jit(loss)(jnp.asarray(q), jnp.asarray(r))
     edges = jax.jit(lambda x: wb.ops.knn_graph(x, 3))(jnp.asarray(r))  # a fixed size: fine under jit
     np.testing.assert_array_equal(np.asarray(edges), wb.ops.knn_graph(torch.tensor(r), 3).numpy())
+
+
+def test_ragged_batches_under_jit_and_grad_have_torchs_values_and_gradients():
+    g = np.random.default_rng(1)
+    q, r, f = g.normal(size=(120, 3)), g.normal(size=(200, 3)), g.normal(size=(200, 4))
+    qb, rb = np.repeat([0, 1, 3], [50, 30, 40]), np.repeat([0, 1, 2, 3], [60, 70, 20, 50])
+    w = np.linspace(-1, 1, 120 * 4).reshape(120, 4)
+
+    def loss(q, r, f, qb, rb):
+        out = wb.ops.radius_aggregate(q, r, f, 0.9, 0.3, query_batch=qb, ref_batch=rb)
+        return (out * w).sum()
+
+    args = [jnp.asarray(a) for a in (q, r, f, qb, rb)]
+    value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(*args)
+    qt, rt, ft = (torch.tensor(a, requires_grad=True) for a in (q, r, f))
+    ot = wb.ops.radius_aggregate(qt, rt, ft, 0.9, 0.3, query_batch=torch.tensor(qb), ref_batch=torch.tensor(rb))
+    lt = (ot * torch.tensor(w)).sum()
+    lt.backward()
+    np.testing.assert_allclose(float(value), float(lt), rtol=1e-12)
+    for ours, theirs in zip(grads, (qt, rt, ft)):
+        np.testing.assert_allclose(np.asarray(ours), theirs.grad.numpy(), rtol=1e-12, atol=1e-12)
+    edges = jax.jit(lambda x, b: wb.ops.knn_graph(x, 3, batch=b))(args[1], args[4])
+    np.testing.assert_array_equal(np.asarray(edges), wb.ops.knn_graph(rt, 3, batch=torch.tensor(rb)).numpy())

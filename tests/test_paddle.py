@@ -238,3 +238,21 @@ def test_in_out_matches_torch():
     for p, t in zip(ps, ts):
         np.testing.assert_allclose(p.grad.numpy(), t.grad.numpy(), rtol=1e-10)
     np.testing.assert_array_equal(ps[0].numpy(), arrays[0])  # the caller's state untouched
+
+
+def test_ragged_batches_have_torchs_values_and_gradients():
+    g = np.random.default_rng(1)
+    q, r, f = g.normal(size=(120, 3)), g.normal(size=(200, 3)), g.normal(size=(200, 4))
+    qb, rb = np.repeat([0, 1, 3], [50, 30, 40]), np.repeat([0, 1, 2, 3], [60, 70, 20, 50])
+    qp, rp, fp = tensor(q), tensor(r), tensor(f)
+    out = wb.ops.knn_aggregate(qp, rp, fp, 5, 0.3, query_batch=paddle.to_tensor(qb), ref_batch=paddle.to_tensor(rb))
+    w = np.linspace(-1, 1, out.size).reshape(out.shape)
+    (out * tensor(w)).sum().backward()
+    qt, rt, ft = (torch.tensor(a, requires_grad=True) for a in (q, r, f))
+    ot = wb.ops.knn_aggregate(qt, rt, ft, 5, 0.3, query_batch=torch.tensor(qb), ref_batch=torch.tensor(rb))
+    (ot * torch.tensor(w)).sum().backward()
+    np.testing.assert_array_equal(out.numpy(), ot.detach().numpy())
+    for ours, theirs in ((qp, qt), (rp, rt), (fp, ft)):
+        np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-12, atol=1e-12)
+    edges = wb.ops.radius_graph(rp, 0.8, batch=paddle.to_tensor(rb))
+    np.testing.assert_array_equal(edges.numpy(), wb.ops.radius_graph(rt, 0.8, batch=torch.tensor(rb)).numpy())

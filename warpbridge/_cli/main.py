@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-BENCHMARKS = ("overhead", "neighbors", "grad_buffer", "memory_pool", "launch_functions", "lists")
+BENCHMARKS = ("overhead", "neighbors", "grad_buffer", "memory_pool", "launch_functions", "lists", "batches")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -228,26 +228,8 @@ def _chart_sections(name: str, data: dict) -> dict | None:
             f"{case}, ms": {f"{pool} pool": row["ms"] for pool, row in pools.items()}
             for case, pools in data["median"].items()
         }
-    elif name.startswith("distributions"):  # distributions-self: kNN alone, M = N
-        rows = data["rows"]
-        n = 100_000 if any(r["n"] == 100_000 for r in rows) else max(r["n"] for r in rows)
-        knn = "kNN self-join" if name.startswith("distributions-self") else "kNN"
-        sections = {
-            f"{knn} at N = {n:,}: speed-up over the best peer (x)": {
-                r["distribution"]: r["knn_vs_best_peer"] for r in rows if r["n"] == n
-            },
-            f"radius aggregation at N = {n:,}: speed-up over cKDTree + torch (x)": {
-                r["distribution"]: r["radius_vs_best_peer"] for r in rows if r["n"] == n and "radius_vs_best_peer" in r
-            },
-        }
-    elif name.startswith("lists"):
-        n = max(r["n"] for r in data["rows"])
-        sections = {
-            f"radius lists at N = {n:,}: speed-up of warpbridge over {peer} (x)": {
-                r["distribution"]: r[key] for r in data["rows"] if r["n"] == n and key in r
-            }
-            for peer, key in (("cKDTree", "vs_ckdtree"), ("Open3D", "vs_open3d"))
-        }
+    elif name.startswith(("distributions", "lists", "batches")):
+        sections = _neighbour_sections(name, data)
     elif name.startswith("scale"):
         rows = data["rows"]
         sections = {
@@ -277,6 +259,33 @@ def _chart_sections(name: str, data: dict) -> dict | None:
     else:
         return None
     return sections
+
+
+def _neighbour_sections(name: str, data: dict) -> dict:
+    """The bar groups of the neighbour ops' benchmarks against their peers."""
+    rows = data["rows"]
+    if name.startswith("batches"):
+        return {
+            f"{r['clouds']} clouds of {r['sizes'][0]}-{r['sizes'][1]} points, {r['case']}: ms": r["ms"] for r in rows
+        }
+    if name.startswith("distributions"):  # distributions-self: kNN alone, M = N
+        n = 100_000 if any(r["n"] == 100_000 for r in rows) else max(r["n"] for r in rows)
+        knn = "kNN self-join" if name.startswith("distributions-self") else "kNN"
+        return {
+            f"{knn} at N = {n:,}: speed-up over the best peer (x)": {
+                r["distribution"]: r["knn_vs_best_peer"] for r in rows if r["n"] == n
+            },
+            f"radius aggregation at N = {n:,}: speed-up over cKDTree + torch (x)": {
+                r["distribution"]: r["radius_vs_best_peer"] for r in rows if r["n"] == n and "radius_vs_best_peer" in r
+            },
+        }
+    n = max(r["n"] for r in rows)  # lists
+    return {
+        f"radius lists at N = {n:,}: speed-up of warpbridge over {peer} (x)": {
+            r["distribution"]: r[key] for r in rows if r["n"] == n and key in r
+        }
+        for peer, key in (("cKDTree", "vs_ckdtree"), ("Open3D", "vs_open3d"))
+    }
 
 
 def _version(dist: str) -> str | None:

@@ -10,7 +10,7 @@ writing one subclass and one line in ``_frameworks.ADAPTERS``; see ``docs/archit
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import warp as wp
@@ -78,10 +78,15 @@ class Backend:
         return False
 
     @staticmethod
-    def int_at(a: Any, index: int) -> int:
+    def int_at(a: Any, index: int, at_most: int, refuse: Callable[[int], Exception]) -> Any:
         """The integer ``a[index]`` on the host (waits for the device): what a result's size is
-        read from when it depends on the data (a neighbour list's length)."""
-        return int(a[index])
+        read from when it depends on the data (a neighbour list's length); ``refuse(value)``
+        is raised above ``at_most``. A compiler that traces data-dependent sizes
+        (``torch.compile``) gets a symbolic integer instead, checked when the graph runs."""
+        value = int(a[index])
+        if value > at_most:
+            raise refuse(value)
+        return value
 
     def cast(self, a: Any, dtype_name: str) -> Any:
         """A cast the framework differentiates (gradients come back in ``a``'s dtype)."""
@@ -164,10 +169,13 @@ class WarpArrays(Backend):
         return wp.clone(a)
 
     @staticmethod
-    def int_at(a: wp.array, index: int) -> int:
+    def int_at(a: wp.array, index: int, at_most: int, refuse: Callable[[int], Exception]) -> int:
         cell = wp.empty(1, dtype=a.dtype, device="cpu")
         wp.copy(cell, a, src_offset=index % a.shape[0], count=1)
-        return int(cell.list()[0])
+        value = int(cell.list()[0])
+        if value > at_most:
+            raise refuse(value)
+        return value
 
     def ptr(self, a: wp.array) -> int:
         return a.ptr

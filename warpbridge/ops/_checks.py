@@ -14,10 +14,14 @@ from .._core.errors import describe, fail
 from . import _declared, _declared_lists
 
 _WANT = {"query": "(M, 3) points", "ref": "(N, 3) points", "features": "(N, F) features", "x": "(N, 3) points"}
+_WANT |= {name: "int64 cloud numbers" for name in ("query_batch", "ref_batch", "batch")}
 
 
-def adapter_of(op: str, arrays: dict[str, Any]) -> Any:
-    return _op.backend_of(op, [(name, a, _WANT[name]) for name, a in arrays.items()])
+def adapter_of(op: str, arrays: dict[str, Any], batches: dict[str, Any] | None = None) -> Any:
+    """The backend of ``arrays`` and of the batch vectors given in ``batches`` (None: not
+    given), all from one framework."""
+    named = {**arrays, **{name: b for name, b in (batches or {}).items() if b is not None}}
+    return _op.backend_of(op, [(name, a, _WANT[name]) for name, a in named.items()])
 
 
 def check_clouds(op: str, adapter: Any, arrays: dict[str, Any]) -> str:
@@ -125,8 +129,6 @@ def batches(op: str, a: Any, points: dict[str, Any], given: dict[str, Any]) -> l
         missing = [name for name in names if name not in present]
         raise fail(op, f"pass {' and '.join(repr(n) for n in names)} together (or neither): '{missing[0]}' is missing")
     for (name, b), (cloud, p) in zip(given.items(), points.items()):
-        if not a.is_array(b):
-            raise fail(op, f"'{name}' must be a {a.array_name} of cloud numbers, got {describe(b)}")
         dtype, shape, where = a.info(b)
         n, there = a.info(p)[1][0], a.info(p)[2]
         if dtype != "int64" or shape != (n,):
@@ -146,10 +148,10 @@ def run_declared(
     ref_batch, see ``batches``), then the op's numeric arguments (``numbers(adapter, dtype)``,
     checked in the dtype the op computes in), and run the declared op: (its result, the
     adapter, the half dtype to cast floating results back to, or None)."""
-    a = adapter_of(op, arrays)
+    clouds = clouds or {"query_batch": None, "ref_batch": None}
+    a = adapter_of(op, arrays, clouds)
     dtype = check_clouds(op, a, arrays)
-    points = {name: arrays[name] for name in ("query", "ref")}
-    batch = batches(op, a, points, clouds or {"query_batch": None, "ref_batch": None})
+    batch = batches(op, a, {name: arrays[name] for name in ("query", "ref")}, clouds)
     extra = numbers(a, dtype)
     args, ops, half = widen(op, a, arrays, dtype)
     return declared_op(ops, op, batch)(*args, *batch, *extra), a, half

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numbers
 from typing import Any, NamedTuple
 
-from .._core.errors import describe, fail
+from .._core.errors import WarpBridgeError, describe, fail
 from . import _declared_lists
 from ._checks import adapter_of, batches, check_clouds, declared_op, positive, widen
 
@@ -115,7 +115,7 @@ def knn_graph(x: Any, k: int, *, batch: Any = None, loop: bool = False) -> Any:
         edge_index = wb.ops.knn_graph(pos, k=16)
     """
     op = "knn_graph"
-    a = adapter_of(op, {"x": x})
+    a = adapter_of(op, {"x": x}, {"batch": batch})
     dtype = check_clouds(op, a, {"x": x})
     skip_self = _skip_self(op, loop)
     n = a.info(x)[1][0]
@@ -135,7 +135,7 @@ def _lists(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any,
     """(edges (2, E), distance, ptr, count) of the radius lists; ``batch``: the batch vectors
     by name (query_batch and ref_batch, or a graph's one batch)."""
     arrays = {"query": query, "ref": ref} if op == "radius" else {"x": query}
-    a = adapter_of(op, arrays)
+    a = adapter_of(op, arrays, batch)
     dtype = check_clouds(op, a, arrays)
     clouds = batches(op, a, arrays, batch)
     clouds = clouds * 2 if len(clouds) == 1 else clouds
@@ -146,20 +146,24 @@ def _lists(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any,
     args = args * 2 if len(args) == 1 else args
     count, ptr, order, queries, listed = declared_op(ops, "radius_count", clouds)(*args, *clouds, r, cap, skip_self)
     try:
-        n_pairs = a.int_at(ptr, -1)
+        n_pairs = a.int_at(ptr, -1, MAX_PAIRS, lambda n: _too_many(op, n))
+    except WarpBridgeError:
+        raise
     except Exception as e:  # a tracer (jax.jit): the size of the result depends on the data
         raise fail(
             op, f"the number of neighbour pairs depends on the data and cannot be read while tracing: {e}"
         ) from e
-    if n_pairs > MAX_PAIRS:
-        raise fail(
-            op,
-            f"{n_pairs:,} neighbour pairs found, more than one list holds ({MAX_PAIRS:,}, 32-bit places): "
-            "pass max_neighbors, a smaller radius, or fewer queries per call",
-        )
     fill = declared_op(ops, "radius_list", clouds)
     distance, edges = fill(*args, *clouds, ptr, order, queries, listed, r, skip_self, cap, n_pairs)
     return edges, (a.cast(distance, half) if half else distance), ptr, count
+
+
+def _too_many(op: str, n_pairs: int) -> Exception:
+    return fail(
+        op,
+        f"{n_pairs:,} neighbour pairs found, more than one list holds ({MAX_PAIRS:,}, 32-bit places): "
+        "pass max_neighbors, a smaller radius, or fewer queries per call",
+    )
 
 
 def _cap(op: str, max_neighbors: Any) -> int:

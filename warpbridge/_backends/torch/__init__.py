@@ -159,6 +159,17 @@ class TorchBackend(_core._Torch):
     cast = staticmethod(cast)
     take = staticmethod(take)
 
+    @staticmethod
+    def int_at(a: torch.Tensor, index: int, at_most: int, refuse: Any) -> Any:
+        value = a[index].item()
+        if torch.compiler.is_compiling():  # a symbolic size, known when the graph runs
+            torch._check(value >= 0)
+            torch._check(value <= at_most, lambda: f"more than {at_most} (see the eager call's error)")
+            return value
+        if value > at_most:
+            raise refuse(value)
+        return value
+
     def openmp_library(self) -> str | None:
         """PyTorch's GNU OpenMP runtime (its own libgomp copy where it ships one): the team its
         CPU ops spin on, which the neighbour ops' CPU launches join."""
