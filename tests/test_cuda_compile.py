@@ -21,15 +21,17 @@ def _load(path: str, name: str):
     return mod
 
 
-def _point_module(dtype):
+def _point_module(dtype, dim=3):
     from warpbridge.ops import kdtree as _kernels
 
-    return _kernels.kernels(dtype).tree_init.module
+    return _kernels.kernels(dtype, dim).tree_init.module
 
 
 MODULES = {
     "points_float32": lambda: _point_module(wp.float32),
     "points_float64": lambda: _point_module(wp.float64),
+    "points_float32_2d": lambda: _point_module(wp.float32, 2),
+    "points_float64_16d": lambda: _point_module(wp.float64, 16),
     "tests/kernels": lambda: _load("tests/kernels.py", "kernels"),
     "tests/adjoint_kernels": lambda: _load("tests/adjoint_kernels.py", "adjoint_kernels"),
     "tests/backward_kernels": lambda: _load("tests/backward_kernels.py", "backward_kernels"),

@@ -226,14 +226,14 @@ def test_callers_tensors_are_not_modified():
         (lambda q, r: wb.ops.radius(q, r, 0.1, max_neighbors=2.5), "'max_neighbors' must be None or a positive int"),
         (lambda q, r: wb.ops.radius(q, r, 0.1, loop=1), "'loop' must be True or False"),
         (lambda q, r: wb.ops.radius(q, r, -1.0), "'radius' must be positive"),
-        (lambda q, r: wb.ops.radius(q, r[:, :2], 0.1), r"'ref' must have shape \(N, 3\)"),
+        (lambda q, r: wb.ops.radius(q, r[:, :2], 0.1), "'ref' has 2 coordinates per point but 'query' has 3"),
         (lambda q, r: wb.ops.radius(q, r.float(), 0.1), "must share one dtype"),
         (lambda q, r: wb.ops.radius_graph(r, 0.0), "'r' must be positive"),
         (lambda q, r: wb.ops.knn_graph(r, 10), r"1 <= k <= N - 1 = 9"),
         (lambda q, r: wb.ops.knn_graph(r, 10, loop=True), None),
         (lambda q, r: wb.ops.knn_graph(r, 11, loop=True), r"1 <= k <= N = 10"),
         (lambda q, r: wb.ops.knn_graph(r, 2.0), "'k' must be an int"),
-        (lambda q, r: wb.ops.knn_graph(r[:, :2], 2), r"'x' must have shape \(N, 3\)"),
+        (lambda q, r: wb.ops.knn_graph(r[:, :0], 2), r"'x' must have shape \(N, D\) with 1 <= D <= 16, got \(10, 0\)"),
     ],
 )
 def test_bad_input_is_refused_before_launch(call, match):

@@ -737,12 +737,12 @@ def _bad_cases():
         (
             "radius_aggregate",
             lambda: wb.ops.radius_aggregate(q[:, :2], r, f, 0.5, 0.1),
-            r"'query' must have shape \(M, 3\), got \(5, 2\)",
+            "'ref' has 3 coordinates per point but 'query' has 2",
         ),
         (
             "radius_aggregate",
             lambda: wb.ops.radius_aggregate(q, r[None], f, 0.5, 0.1),
-            r"'ref' must have shape \(N, 3\)",
+            r"'ref' must have shape \(N, D\) with 1 <= D <= 16, got \(1, 6, 3\)",
         ),
         ("radius_aggregate", lambda: wb.ops.radius_aggregate(q, r, f[:4], 0.5, 0.1), "one row per reference point"),
         (
@@ -789,7 +789,7 @@ def _bad_cases():
         (
             "radius_aggregate",
             lambda: wb.ops.radius_aggregate(q.tolist(), r, f, 0.5, 0.1),
-            r"argument 'query' must be an array \(\(M, 3\) points\).*got builtins.list",
+            r"argument 'query' must be an array \(\(M, D\) points\).*got builtins.list",
         ),
         (
             "radius_aggregate",

@@ -17,7 +17,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-BENCHMARKS = ("overhead", "neighbors", "grad_buffer", "memory_pool", "launch_functions", "lists", "batches")
+BENCHMARKS = (
+    "overhead",
+    "neighbors",
+    "grad_buffer",
+    "memory_pool",
+    "launch_functions",
+    "lists",
+    "batches",
+    "dimensions",
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -228,7 +237,7 @@ def _chart_sections(name: str, data: dict) -> dict | None:
             f"{case}, ms": {f"{pool} pool": row["ms"] for pool, row in pools.items()}
             for case, pools in data["median"].items()
         }
-    elif name.startswith(("distributions", "lists", "batches")):
+    elif name.startswith(("distributions", "lists", "batches", "dimensions")):
         sections = _neighbour_sections(name, data)
     elif name.startswith("scale"):
         rows = data["rows"]
@@ -267,6 +276,13 @@ def _neighbour_sections(name: str, data: dict) -> dict:
     if name.startswith("batches"):
         return {
             f"{r['clouds']} clouds of {r['sizes'][0]}-{r['sizes'][1]} points, {r['case']}: ms": r["ms"] for r in rows
+        }
+    if name.startswith("dimensions"):
+        return {
+            f"kNN, {cloud}: speed-up over the best peer (x)": {
+                f"D = {r['dim']}": r["vs_best_peer"] for r in rows if r["cloud"] == cloud
+            }
+            for cloud in dict.fromkeys(r["cloud"] for r in rows)
         }
     if name.startswith("distributions"):  # distributions-self: kNN alone, M = N
         n = 100_000 if any(r["n"] == 100_000 for r in rows) else max(r["n"] for r in rows)

@@ -46,8 +46,8 @@ def radius_aggregate(
     direction term is taken as 0.
 
     Args:
-        query: (M, 3) query points.
-        ref: (N, 3) reference points.
+        query: (M, D) query points, D from 1 to 16 (3-D is the fastest path).
+        ref: (N, D) reference points, same D.
         features: (N, F) reference features, same dtype and device.
         radius: search radius, > 0.
         sigma: distance scale of the weights, > 0.
@@ -79,8 +79,8 @@ def knn(query: Any, ref: Any, k: int, *, query_batch: Any = None, ref_batch: Any
     """The ``k`` nearest reference points of each query point.
 
     Args:
-        query: (M, 3) query points.
-        ref: (N, 3) reference points.
+        query: (M, D) query points, D from 1 to 16 (3-D is the fastest path).
+        ref: (N, D) reference points, same D.
         k: neighbours per query, ``1 <= k <= N``.
         query_batch, ref_batch: (M,) and (N,) int64 cloud numbers, sorted (PyG's batch
             vectors): each query's neighbours come from its own cloud only, one search for
@@ -117,8 +117,8 @@ def knn_aggregate(
     Differentiable w.r.t. ``query``, ``ref`` and ``features``.
 
     Args:
-        query: (M, 3) query points.
-        ref: (N, 3) reference points.
+        query: (M, D) query points, D from 1 to 16 (3-D is the fastest path).
+        ref: (N, D) reference points, same D.
         features: (N, F) reference features.
         k: neighbours per query, ``1 <= k <= N``.
         sigma: distance scale of the softmax, > 0.

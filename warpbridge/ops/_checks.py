@@ -4,6 +4,7 @@ float32."""
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import struct
@@ -13,7 +14,7 @@ from .._core import op as _op
 from .._core.errors import describe, fail
 from . import _declared, _declared_lists
 
-_WANT = {"query": "(M, 3) points", "ref": "(N, 3) points", "features": "(N, F) features", "x": "(N, 3) points"}
+_WANT = {"query": "(M, D) points", "ref": "(N, D) points", "features": "(N, F) features", "x": "(N, D) points"}
 _WANT |= {name: "int64 cloud numbers" for name in ("query_batch", "ref_batch", "batch")}
 
 
@@ -25,16 +26,19 @@ def adapter_of(op: str, arrays: dict[str, Any], batches: dict[str, Any] | None =
 
 
 def check_clouds(op: str, adapter: Any, arrays: dict[str, Any]) -> str:
-    """Shapes (.., 3) for points, (N, F) features, one float dtype, one device; the dtype."""
+    """Shapes (.., D) for points, D from 1 to MAX_DIM and the same for all, (N, F) features,
+    one float dtype, one device; the dtype."""
     metas = {name: adapter.info(a) for name, a in arrays.items()}
     for name, (dtype, shape, _) in metas.items():
         want = _WANT[name].rsplit(" ", 1)[0]
-        if len(shape) != 2 or (name != "features" and shape[1] != 3):
-            raise fail(op, f"'{name}' must have shape {want}, got {shape}")
+        if len(shape) != 2 or (name != "features" and not 1 <= shape[1] <= MAX_DIM):
+            raise fail(op, f"'{name}' must have shape {want} with 1 <= D <= {MAX_DIM}, got {shape}")
         if dtype not in _FLOATS:
             raise fail(op, f"'{name}' must be float16, bfloat16, float32 or float64, got {dtype}")
-    first, (qd, _, qdev) = next(iter(metas.items()))
-    for name, (dtype, _, dev) in metas.items():
+    first, (qd, qshape, qdev) = next(iter(metas.items()))
+    for name, (dtype, shape, dev) in metas.items():
+        if name != "features" and shape[1] != qshape[1]:
+            raise fail(op, f"'{name}' has {shape[1]} coordinates per point but '{first}' has {qshape[1]}")
         if dtype != qd:
             raise fail(op, f"'{name}' has dtype {dtype} but '{first}' has {qd}: all inputs must share one dtype")
         if dev != qdev:
@@ -49,6 +53,7 @@ def check_clouds(op: str, adapter: Any, arrays: dict[str, Any]) -> str:
 
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
+MAX_DIM = 16  # the most coordinates per point
 _HALF = ("float16", "bfloat16")
 
 
@@ -56,14 +61,15 @@ def widen(op: str, adapter: Any, arrays: dict[str, Any], dtype: str) -> tuple[li
     """The arrays, the ops for their float type and, for float16 and bfloat16, the dtype to
     return in: those are computed in float32 (distances, weights and sums would lose too much
     in 8 or 11 bits), through float32 copies made by ordinary framework casts, so gradients
-    come back in the input dtype."""
+    come back in the input dtype. The ops are those for the points' dimension."""
+    dim = adapter.info(arrays["query" if "query" in arrays else "x"])[1][1]
     if dtype not in _HALF:
-        return list(arrays.values()), ops_for(dtype), None
+        return list(arrays.values()), ops_for(dtype, dim), None
     try:
         wide = [adapter.cast(v, "float32") for v in arrays.values()]
     except TypeError as e:
         raise fail(op, f"{dtype} inputs are computed in float32, but these arrays cannot be cast: {e}") from e
-    return wide, ops_for("float32"), dtype
+    return wide, ops_for("float32", dim), dtype
 
 
 def _merged(*namespaces: Any) -> Any:
@@ -81,8 +87,16 @@ with _op.deferred_init():
     }
 
 
-def ops_for(dtype: str) -> Any:
-    return _DECLARED[dtype]
+def ops_for(dtype: str, dim: int = 3) -> Any:
+    """The ops for a float type and points of ``dim`` coordinates: 3-D ones declared at
+    import, the others on first use (outside ``torch.compile``, which cannot trace making an
+    op)."""
+    return _DECLARED[dtype] if dim == 3 else _other_dims(dtype, dim)
+
+
+@functools.cache
+def _other_dims(dtype: str, dim: int) -> Any:
+    return _merged(_declared.declared(dtype, dim), _declared_lists.declared(dtype, dim))
 
 
 def positive(op: str, name: str, value: Any, dtype: str) -> float:

@@ -298,17 +298,18 @@ _KNN_AGGREGATE = dict(num_outputs=4, aux=("dist", "idx", "queries"), output_dims
 
 
 @functools.cache
-def declared(dtype: str) -> types.SimpleNamespace:
-    """The three ops for one float type ("float32" or "float64"), made on first use, each
+def declared(dtype: str, dim: int = 3) -> types.SimpleNamespace:
+    """The three ops for one float type ("float32" or "float64") and points of ``dim``
+    coordinates, made on first use, each
     for one cloud and over a batch (``<name>_batched``, see ``_batches.declare_both``)."""
     T = wp.float32 if dtype == "float32" else wp.float64
-    V = wp.types.vector(3, T)
+    V = wp.types.vector(dim, T)
     Points, Rows, Index = wp.array(dtype=V), wp.array2d(dtype=T), wp.array(dtype=wp.int32)
     Neighbours, Listed = wp.array2d(dtype=wp.int64), wp.array2d(dtype=wp.int32)
     Batch = wp.array(dtype=wp.int64)
 
     def kernels(device: Any) -> Any:
-        return _core.kernels_for(dtype, device)
+        return _core.kernels_for(dtype, device, dim)
 
     def radius_aggregate(
         query: Points, ref: Points, features: Rows, query_batch: Batch, ref_batch: Batch, radius: T, sigma: T,
@@ -365,7 +366,7 @@ def declared(dtype: str) -> types.SimpleNamespace:
         )  # fmt: skip
 
     return _batches.declare_both(
-        dtype,
+        dtype if dim == 3 else f"{dtype}_{dim}d",
         radius_aggregate=dict(_RADIUS, fn=radius_aggregate, backward=radius_aggregate_backward),
         knn=dict(_KNN, fn=knn, backward=knn_backward),
         knn_aggregate=dict(_KNN_AGGREGATE, fn=knn_aggregate, backward=knn_aggregate_backward),

@@ -73,14 +73,19 @@ def _knn_graph(k, x, batch, kk, skip_self, edges):
 
 
 @functools.cache
-def declared(dtype: str) -> types.SimpleNamespace:
-    """The list ops for one float type ("float32" or "float64"), made on first use."""
+def declared(dtype: str, dim: int = 3) -> types.SimpleNamespace:
+    """The list ops for one float type ("float32" or "float64") and points of ``dim``
+    coordinates, made on first use."""
     T = wp.float32 if dtype == "float32" else wp.float64
-    Points, Counts, Edges = wp.array(dtype=wp.types.vector(3, T)), wp.array(dtype=wp.int64), wp.array2d(dtype=wp.int64)
+    Points, Counts, Edges = (
+        wp.array(dtype=wp.types.vector(dim, T)),
+        wp.array(dtype=wp.int64),
+        wp.array2d(dtype=wp.int64),
+    )
     Index, Listed, Batch = wp.array(dtype=wp.int32), wp.array2d(dtype=wp.int32), wp.array(dtype=wp.int64)
 
     def kernels(device: Any) -> Any:
-        return _launch.kernels_for(dtype, device)
+        return _launch.kernels_for(dtype, device, dim)
 
     def radius_count(
         query: Points, ref: Points, query_batch: Batch, ref_batch: Batch, radius: T, cap: int, skip_self: int,
@@ -127,7 +132,7 @@ def declared(dtype: str) -> types.SimpleNamespace:
         return (2, x[0] * k)
 
     return _batches.declare_both(
-        dtype,
+        dtype if dim == 3 else f"{dtype}_{dim}d",
         radius_count=dict(fn=radius_count, num_outputs=5, output_dims=count_dims),
         radius_list=dict(fn=radius_list, num_outputs=2, output_dims=list_dims, backward=radius_list_backward),
         knn_graph=dict(fn=knn_graph, num_outputs=1, output_dims=graph_dims),

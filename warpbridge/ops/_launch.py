@@ -346,17 +346,19 @@ def nothing(shape: tuple, dtype: Any, device: Any) -> wp.array:
 _LOADED: set = set()
 
 
-def kernels_for(dtype_name: str, device: Any) -> Any:
-    """The point kernels for a dtype, their module built and loaded on ``device``.
+def kernels_for(dtype_name: str, device: Any, dim: int = 3) -> Any:
+    """The point kernels for a dtype and points of ``dim`` coordinates, their module built and
+    loaded on ``device``.
 
-    The first call per (dtype, device) holds warpbridge's load lock: Warp's module build and
-    load are not safe to enter from several threads at once (a cold start from a thread pool
-    crashed), and the queries themselves launch from several threads."""
-    key = (dtype_name, device.alias)
+    The first call per (dtype, dim, device) holds warpbridge's load lock: Warp's module build
+    and load are not safe to enter from several threads at once (a cold start from a thread
+    pool crashed), and the queries themselves launch from several threads."""
+    key = (dtype_name, dim, device.alias)
+    scalar = wp.float32 if dtype_name == "float32" else wp.float64
     if key in _LOADED:
-        return kdtree.kernels(wp.float32 if dtype_name == "float32" else wp.float64)
+        return kdtree.kernels(scalar, dim)
     with warp_runtime.LOAD_LOCK:
-        k = kdtree.kernels(wp.float32 if dtype_name == "float32" else wp.float64)
+        k = kdtree.kernels(scalar, dim)
         # as a launch loads it (block_dim 1 on the CPU): Module.load's default block_dim is
         # another variant, compiled a second time for nothing
         wp.load_module(k.tree_init.module, device=device)

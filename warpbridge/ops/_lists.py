@@ -40,8 +40,8 @@ def radius(
     """Every reference point within ``radius`` of each query point, as lists.
 
     Args:
-        query: (M, 3) query points.
-        ref: (N, 3) reference points, same dtype and device.
+        query: (M, D) query points, D from 1 to 16 (3-D is the fastest path).
+        ref: (N, D) reference points, same D, dtype and device.
         radius: search radius, > 0 (a point at exactly ``radius`` is in).
         query_batch, ref_batch: (M,) and (N,) int64 cloud numbers, sorted (PyG's batch
             vectors): each query's neighbours come from its own cloud only. None (default):
@@ -75,7 +75,7 @@ def radius_graph(x: Any, r: float, *, batch: Any = None, loop: bool = False, max
     grouped by centre, nearest first.
 
     Args:
-        x: (N, 3) points.
+        x: (N, D) points, D from 1 to 16.
         r: radius, > 0.
         batch: (N,) int64 cloud numbers, sorted (PyG's batch vector): edges only within a
             cloud. None (default): one cloud.
@@ -100,7 +100,7 @@ def knn_graph(x: Any, k: int, *, batch: Any = None, loop: bool = False) -> Any:
     (index -1).
 
     Args:
-        x: (N, 3) points.
+        x: (N, D) points, D from 1 to 16.
         k: neighbours per point: ``1 <= k <= N - 1`` (``N`` with ``loop=True``).
         batch: (N,) int64 cloud numbers, sorted (PyG's batch vector): neighbours only within
             a cloud; a cloud with k points or fewer pads its points' edges with index -1.

@@ -67,13 +67,14 @@ _MODULES = (geometry, rows, partition, build, morton, knn, radius, lists)
 
 
 @functools.cache
-def kernels(scalar: Any) -> Any:
-    """Every kd-tree function and kernel for one float type (wp.float32 or wp.float64), in one
-    Warp module, with the types they take, as attributes."""
+def kernels(scalar: Any, dim: int = 3) -> Any:
+    """Every kd-tree function and kernel for one float type (wp.float32 or wp.float64) and
+    points of ``dim`` coordinates, in one Warp module, with the types they take, as
+    attributes."""
     real = "wp::float32" if scalar is wp.float32 else "wp::float64"
-    names = dtypes.names(scalar)
-    module = f"warpbridge_points_{scalar.__name__}"
-    scope = instantiate(_MODULES, names, module, real)
+    names = dtypes.names(scalar, dim)
+    module = dtypes.module_name(scalar, dim)
+    scope = instantiate(_MODULES, names, module, {"REAL": real, "NDIM": str(dim)})
     return _Kernels(module=module, **{name: scope[name] for name in _EXPORTED}, **names)
 
 

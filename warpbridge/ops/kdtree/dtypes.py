@@ -15,13 +15,14 @@ SAMPLE = 15  # keys sampled to choose a quickselect pivot (odd)
 
 
 @functools.cache
-def names(scalar: Any) -> dict:
-    """``T`` (the float), ``V`` (its 3-vector), ``V4`` (feature rows seen as groups of 4),
-    the quickselect sample's vectors, and the structs the kernels take."""
+def names(scalar: Any, dim: int = 3) -> dict:
+    """``T`` (the float), ``DIM`` (the points' dimension), ``V`` (a point), ``V4`` (feature
+    rows seen as groups of 4), the quickselect sample's vectors, and the structs the kernels
+    take."""
     T = scalar
-    V = wp.types.vector(3, T)
+    V = wp.types.vector(dim, T)
     V4 = wp.types.vector(4, T)
-    module = f"warpbridge_points_{T.__name__}"
+    module = module_name(scalar, dim)
 
     def struct(cls: type) -> Any:
         cls.__qualname__ = f"{cls.__name__}_{T.__name__}"
@@ -54,10 +55,12 @@ def names(scalar: Any) -> dict:
         v4: wp.array2d(dtype=V4)
 
     item = struct(Item)
-    if ctypes.sizeof(item.ctype) != 4 * wp.types.type_size_in_bytes(T):
+    size = wp.types.type_size_in_bytes(T)
+    if ctypes.sizeof(item.ctype) != (dim * size + 4 + size - 1) // size * size:  # as C lays out p[dim], i
         raise RuntimeError("warpbridge: unexpected layout of the kd-tree build's records")
     return {
         "T": T,
+        "DIM": dim,
         "V": V,
         "V4": V4,
         "Sample": wp.types.vector(SAMPLE, T),
@@ -67,6 +70,11 @@ def names(scalar: Any) -> dict:
         "Rows": struct(Rows),
         **gradient_structs(T, V, V4, struct),
     }
+
+
+def module_name(scalar: Any, dim: int) -> str:
+    """The Warp module of one float type's and dimension's kd-tree code."""
+    return f"warpbridge_points_{scalar.__name__}" + ("" if dim == 3 else f"_{dim}d")
 
 
 def gradient_structs(T: Any, V: Any, V4: Any, struct: Any) -> dict:
@@ -115,6 +123,7 @@ def gradient_structs(T: Any, V: Any, V4: Any, struct: Any) -> dict:
 
 _FLOAT32 = names(wp.float32)
 T = _FLOAT32["T"]
+DIM = _FLOAT32["DIM"]
 V = _FLOAT32["V"]
 V4 = _FLOAT32["V4"]
 Sample = _FLOAT32["Sample"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warp as wp
 
-from .dtypes import T, Tree, V
+from .dtypes import DIM, T, Tree, V
 from .template import func
 
 
@@ -12,7 +12,13 @@ from .template import func
 def finite(p: V) -> bool:
     # wp.isfinite measured ~8 ns per call on the CPU (a point pass per tree build); a NaN
     # fails the comparison as an infinity does.
-    return wp.abs(p[0]) < T(wp.inf) and wp.abs(p[1]) < T(wp.inf) and wp.abs(p[2]) < T(wp.inf)
+    if wp.static(DIM == 3):
+        return wp.abs(p[0]) < T(wp.inf) and wp.abs(p[1]) < T(wp.inf) and wp.abs(p[2]) < T(wp.inf)
+    ok = True
+    for a in range(DIM):
+        if not (wp.abs(p[a]) < T(wp.inf)):
+            ok = False
+    return ok
 
 
 @func
@@ -24,7 +30,9 @@ def norm(v: V) -> T:
     d2 = wp.dot(v, v)
     if d2 < T(wp.inf) and d2 >= T(1e-30):
         return wp.sqrt(d2)
-    a = wp.max(wp.max(wp.abs(v[0]), wp.abs(v[1])), wp.abs(v[2]))
+    a = wp.abs(v[0])
+    for axis in range(1, DIM):
+        a = wp.max(a, wp.abs(v[axis]))
     if a == T(0.0) or not (a < T(wp.inf)):
         return a
     return a * wp.length(v / a)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warp as wp
 
-from .dtypes import T, V
+from .dtypes import DIM, T, V
 from .geometry import finite
 from .template import func, kernel
 
@@ -95,9 +95,9 @@ def query_keys(
     if finite(q):
         a = box[0]
         b = box[1]
-        x = spread_bits(cell(q[0], a[0], b[0]))
-        y = spread_bits(cell(q[1], a[1], b[1]))
-        z = spread_bits(cell(q[2], a[2], b[2]))
-        key = x | (y << 1) | (z << 2)
+        # the first three coordinates (fewer: their bits, the others' left 0)
+        key = spread_bits(cell(q[0], a[0], b[0]))
+        for axis in range(1, wp.static(min(DIM, 3))):
+            key = key | (spread_bits(cell(q[axis], a[axis], b[axis])) << axis)
     keys[i] = key
     places[i] = i

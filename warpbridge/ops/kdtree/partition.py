@@ -10,7 +10,7 @@ from __future__ import annotations
 import warp as wp
 
 from . import template
-from .dtypes import SAMPLE, Item, Sample, SampleAt, T, V
+from .dtypes import DIM, SAMPLE, Item, Sample, SampleAt, T, V
 from .geometry import part
 from .template import func
 
@@ -42,10 +42,9 @@ def split_axis(pts: wp.array(dtype=V), items: wp.array(dtype=Item), base: int, p
         b1 = wp.max(b1, p)
     ext = b1 - b0
     axis = int(0)
-    if ext[1] > ext[axis]:
-        axis = 1
-    if ext[2] > ext[axis]:
-        axis = 2
+    for a in range(1, DIM):
+        if ext[a] > ext[axis]:
+            axis = a
     return axis
 
 
@@ -58,7 +57,7 @@ def split_axis(pts: wp.array(dtype=V), items: wp.array(dtype=Item), base: int, p
 # builds went 1.15-1.3x faster with both partitions so (10^4 to 10^7 points, one and two
 # threads; 10^5 Gaussian points on one thread 7.7 -> 6.4 ms).
 _PARTITION_POINTS_SNIPPET = r"""
-typedef wp::vec_t<3, REAL> Point;
+typedef wp::vec_t<NDIM, REAL> Point;
 char* pd = (char*)pts.data;
 char* od = (char*)order.data;
 const size_t ps = (size_t)pts.strides[0], os = (size_t)order.strides[0];
@@ -102,7 +101,7 @@ def partition_points(
 # same partition written in Warp on the records gained ~1.2x, not ~1.45x). The key is
 # loaded at the axis's offset, not taken from the record's copy (see partition_points).
 _PARTITION_SNIPPET = r"""
-struct Record { REAL p[3]; wp::int32 i; };  // Item's layout (checked in Python)
+struct Record { REAL p[NDIM]; wp::int32 i; };  // Item's layout (checked in Python)
 char* data = (char*)items.data;
 const size_t step = (size_t)items.strides[0];
 auto at = [&](int t) -> Record& { return *(Record*)(data + (size_t)t * step); };

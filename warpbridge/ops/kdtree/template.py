@@ -36,7 +36,8 @@ def kernel(f: Callable) -> Callable:
 def func_native(snippet: str) -> Callable:
     """A ``wp.func_native`` of ``snippet`` (C++; ``REAL`` stands for the float type). Used as
     ``@template.func_native(...)``: Warp's code generator tells a native function by a
-    decorator spelled ``<module>.func_native``, and takes its return type only then."""
+    decorator spelled ``<module>.func_native``, and takes its return type only then. ``NDIM``
+    stands for the points' dimension."""
 
     def tag(f: Callable) -> Callable:
         setattr(f, _TAG, ("native", snippet))
@@ -45,10 +46,11 @@ def func_native(snippet: str) -> Callable:
     return tag
 
 
-def instantiate(modules: Iterable[types.ModuleType], names: dict, module: str, real: str) -> dict:
+def instantiate(modules: Iterable[types.ModuleType], names: dict, module: str, words: dict[str, str]) -> dict:
     """Every tagged function of ``modules`` as Warp code in the Warp module ``module``, on one
     namespace: the modules' globals, then ``names`` (the float types), then the Warp
-    functions by name. ``real`` is the float type's C++ name, for the native snippets."""
+    functions by name. ``words`` are replaced in the native snippets (``REAL``: the float
+    type's C++ name, ``NDIM``: the points' dimension)."""
     modules = list(modules)
     scope: dict[str, Any] = {}
     for m in modules:
@@ -58,11 +60,11 @@ def instantiate(modules: Iterable[types.ModuleType], names: dict, module: str, r
         for name, f in list(vars(m).items()):
             kind = getattr(f, _TAG, None)
             if kind is not None and getattr(f, "__module__", None) == m.__name__:
-                scope[name] = _warp_function(f, kind, scope, module, real)
+                scope[name] = _warp_function(f, kind, scope, module, words)
     return scope
 
 
-def _warp_function(f: Callable, kind: tuple, scope: dict, module: str, real: str) -> Any:
+def _warp_function(f: Callable, kind: tuple, scope: dict, module: str, words: dict[str, str]) -> Any:
     copy = types.FunctionType(f.__code__, scope, f.__name__, f.__defaults__, f.__closure__)
     copy.__annotations__ = inspect.get_annotations(f, globals=scope, eval_str=True)  # this float type's
     copy.__qualname__, copy.__module__ = f.__qualname__, f.__module__
@@ -70,5 +72,7 @@ def _warp_function(f: Callable, kind: tuple, scope: dict, module: str, real: str
     if what == "kernel":
         return wp.kernel(copy, enable_backward=False, module=module)
     if what == "native":
-        return wp.func_native(snippet.replace("REAL", real))(copy)
+        for word, value in words.items():
+            snippet = snippet.replace(word, value)
+        return wp.func_native(snippet)(copy)
     return wp.func(copy, module=module)
