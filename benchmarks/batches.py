@@ -28,12 +28,9 @@ Usage: python benchmarks/batches.py [--quick]
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
-from datetime import date
 
 import numpy as np
 import torch
@@ -187,17 +184,7 @@ def main() -> None:
                 if who != "warpbridge batch"
             )
             print(f"{row['case']:24s} | {row['ms']['warpbridge batch']:8.2f} | {loops}")
-    meta = {
-        "date": date.today().isoformat(),
-        "device": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "seconds": round(time.perf_counter() - t0, 1),
-    }
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"batches-{platform.machine()}-{os.cpu_count()}cpu.json")
-    with open(path, "w") as fh:
-        json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+    path = D.save(args.out, "batches", rows, t0)
     print(f"-> {path}")
 
 

@@ -16,18 +16,17 @@ Usage: python benchmarks/dimensions.py [--quick]
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
-from datetime import date
 
 import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import distributions as D  # noqa: E402
 
 import warpbridge as wb  # noqa: E402
 from warpbridge._cli.measure import median_ms  # noqa: E402
@@ -85,17 +84,7 @@ def main() -> None:
                 f"{name:10s} {dim:3d} | {t['warpbridge']:10.1f} {t['pykdtree']:9.1f} {t['cKDTree']:8.1f} |"
                 f" {r['vs_best_peer']:8.2f}x"
             )
-    meta = {
-        "date": date.today().isoformat(),
-        "device": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "seconds": round(time.perf_counter() - t0, 1),
-    }
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"dimensions-{platform.machine()}-{os.cpu_count()}cpu.json")
-    with open(path, "w") as fh:
-        json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+    path = D.save(args.out, "dimensions", rows, t0)
     print(f"-> {path}")
 
 

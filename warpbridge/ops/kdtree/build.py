@@ -194,6 +194,32 @@ def tree_gather(
 
 
 @func
+def cloud_boxes(
+    pts: wp.array(dtype=V),
+    order: wp.array(dtype=wp.int32),
+    c: wp.vec4i,
+    lo: wp.array(dtype=V),
+    hi: wp.array(dtype=V),
+    min_index: wp.array(dtype=wp.int32),
+):
+    # The boxes of cloud c's tree (c as in cloud_tree), its points in place: the leaves',
+    # then bottom-up; node 0, unused, zeroed.
+    first, n, base = c[0], c[1], c[2]
+    leaves = 1 << c[3]
+    for leaf in range(leaves):
+        s = first + part(leaf, n, leaves)
+        node_box(pts, order, s, first + part(leaf + 1, n, leaves), base + leaves + leaf, lo, hi, min_index)
+    level = leaves // 2
+    while level > 0:
+        for j in range(level):
+            merge_up(base, level + j, lo, hi, min_index)
+        level = level // 2
+    lo[base] = V(T(0.0))
+    hi[base] = V(T(0.0))
+    min_index[base] = 0
+
+
+@func
 def cloud_tree(
     pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32), items: wp.array(dtype=Item), c: wp.vec4i,
     slot: int, room: int, lo: wp.array(dtype=V), hi: wp.array(dtype=V), min_index: wp.array(dtype=wp.int32),
@@ -202,7 +228,7 @@ def cloud_tree(
     # tree_subtrees builds a subtree: the levels whose nodes do not fit in row `slot` of
     # `items` (room for `room` records) split in place, the rest packed into the row, then
     # the leaves' boxes and the boxes bottom-up.
-    first, n, base = c[0], c[1], c[2]
+    first, n = c[0], c[1]
     leaves = 1 << c[3]
     level = int(1)
     while level < leaves and (wp.int64(n) + wp.int64(level - 1)) // wp.int64(level) > wp.int64(room):
@@ -220,17 +246,7 @@ def cloud_tree(
                 split_node(pts, order, items, at, True, first, n, sub, node * (sub // level) + jj)
             sub = sub * 2
         unpack(items, at, s, e, pts, order)
-    for leaf in range(leaves):
-        s = first + part(leaf, n, leaves)
-        node_box(pts, order, s, first + part(leaf + 1, n, leaves), base + leaves + leaf, lo, hi, min_index)
-    level = leaves // 2
-    while level > 0:
-        for j in range(level):
-            merge_up(base, level + j, lo, hi, min_index)
-        level = level // 2
-    lo[base] = V(T(0.0))
-    hi[base] = V(T(0.0))
-    min_index[base] = 0
+    cloud_boxes(pts, order, c, lo, hi, min_index)
 
 
 @kernel
@@ -323,19 +339,5 @@ def forest_boxes(
     hi: wp.array(dtype=V),
     min_index: wp.array(dtype=wp.int32),
 ):
-    # A forest's boxes from its points in the order a build left, one thread per cloud:
-    # the leaves', then bottom-up, as subtree takes them.
-    c = clouds[wp.tid() * stride + offset]
-    first, n, base = c[0], c[1], c[2]
-    leaves = 1 << c[3]
-    for leaf in range(leaves):
-        s = first + part(leaf, n, leaves)
-        node_box(pts, order, s, first + part(leaf + 1, n, leaves), base + leaves + leaf, lo, hi, min_index)
-    level = leaves // 2
-    while level > 0:
-        for j in range(level):
-            merge_up(base, level + j, lo, hi, min_index)
-        level = level // 2
-    lo[base] = V(T(0.0))
-    hi[base] = V(T(0.0))
-    min_index[base] = 0
+    # A forest's boxes from its points in the order a build left, one thread per cloud.
+    cloud_boxes(pts, order, clouds[wp.tid() * stride + offset], lo, hi, min_index)
