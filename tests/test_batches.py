@@ -319,3 +319,20 @@ def test_batched_ops_compile_into_one_graph_with_their_gradients():
         torch.autograd.grad(compiled(*ins[:2]), ins[:2]), torch.autograd.grad(mean_distance(*ins2[:2]), ins2[:2])
     ):
         torch.testing.assert_close(a, b)
+
+
+def test_strided_batch_vectors_clouds_without_references_and_numpy():
+    g = torch.Generator().manual_seed(9)
+    r, q = torch.randn(40, 3, generator=g), torch.randn(10, 3, generator=g)
+    ref_batch = torch.arange(80).div(20, rounding_mode="floor")[::2]  # a strided view: clouds 0 to 3
+    query_batch = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 7, 7])  # cloud 7 has no references
+    dist, idx = wb.ops.knn(q, r, 3, query_batch=query_batch, ref_batch=ref_batch)
+    assert torch.isinf(dist[8:]).all() and (idx[8:] == -1).all()
+    for c in range(4):
+        rows, refs = slice(2 * c, 2 * c + 2), slice(10 * c, 10 * c + 10)
+        d1, i1 = wb.ops.knn(q[rows], r[refs], 3)
+        assert torch.equal(dist[rows], d1) and torch.equal(idx[rows], i1 + 10 * c), c
+    nb = wb.ops.radius(q, r, 1.5, query_batch=query_batch, ref_batch=ref_batch)
+    assert nb.count[8:].tolist() == [0, 0]
+    as_numpy = wb.ops.knn(q.numpy(), r.numpy(), 3, query_batch=query_batch.numpy(), ref_batch=ref_batch.numpy())
+    np.testing.assert_array_equal(as_numpy[1], idx.numpy())
