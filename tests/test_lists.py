@@ -271,10 +271,10 @@ def test_compile_knn_graph_and_radius_lists_fullgraph():
 def test_check_op_on_the_list_ops():
     """The list ops are wb.op ops: finite differences on the distances, untouched inputs,
     torch.library.opcheck on their registered custom ops."""
-    from warpbridge.ops import _declared_lists
+    from warpbridge.ops import _checks
     from warpbridge.testing import check_op
 
-    ops = _declared_lists.declared("float64")
+    ops = _checks.ops_for("float64")
     r, q = cloud("uniform", n=150, seed=11)
     radius = 0.3
     _, d = dense_lists(q, r, radius)

@@ -688,10 +688,10 @@ def test_compile_fullgraph_forward_and_backward():
 def test_opcheck_registered_ops():
     """The point ops are wb.op ops like any user's: check_op runs finite differences,
     reentrancy, untouched inputs and torch.library.opcheck on their registered custom ops."""
-    from warpbridge.ops import _declared
+    from warpbridge.ops import _checks
     from warpbridge.testing import check_op
 
-    ops = _declared.declared("float64")
+    ops = _checks.ops_for("float64")
     q, r, f = clouds(30, 40, 3, torch.float64, seed=19)
     q = away_from_cutoff(q, r, 0.7)
     ins = [t.clone().requires_grad_() for t in (q, r, f)]

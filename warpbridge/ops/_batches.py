@@ -3,16 +3,13 @@
 
 from __future__ import annotations
 
-import inspect
-import types
 from typing import Any
 
 import numpy as np
 import warp as wp
 
 from .._core.errors import fail
-from .._core.op import op as _declare
-from . import _launch, kdtree
+from . import kdtree
 from ._tree import Forest
 
 # The most clouds in a batch: cloud numbers are int32 in the kernels.
@@ -79,56 +76,3 @@ def forest_of(op: str, searched: wp.array, tree_of: wp.array, names: tuple[str, 
     tree_values = batch_values(op, names[1], tree_of)
     count = cloud_count(searched_values, tree_values)
     return Forest(*clouds(tree_values, count, tree_of.device)), searched
-
-
-# The batch vectors' names in the ops' launch functions, backwards and output_dims.
-BATCH_NAMES = ("query_batch", "ref_batch", "batch")
-
-
-def declare_both(dtype: str, **specs: dict) -> types.SimpleNamespace:
-    """Each op of ``specs`` (name: its launch function as ``fn``, and ``wb.op``'s options),
-    declared twice: ``<name>_batched`` takes the batch vectors, ``<name>`` is the same op for
-    one cloud, without them (so a call on one cloud passes nothing more than before). Each
-    gets its own registered name per float type (``torch.ops.warpbridge.<...>knn_float64<...>``)."""
-    ops = {}
-    for name, spec in specs.items():
-        options = dict(spec)
-        fn, backward = options.pop("fn"), options.pop("backward", None)
-        ops[f"{name}_batched"] = _declare(
-            _named(fn, f"{name}_batched_{dtype}"),
-            backward=backward and _named(backward, f"{name}_batched_backward_{dtype}"),
-            **options,
-        )
-        options["output_dims"] = _one_cloud(options["output_dims"], lambda first: (0,))
-        ops[name] = _declare(
-            _named(_one_cloud(fn, _no_batch), f"{name}_{dtype}"),
-            backward=backward and _named(_one_cloud(backward, _no_batch), f"{name}_backward_{dtype}"),
-            **options,
-        )
-    return types.SimpleNamespace(**ops)
-
-
-def _named(fn: Any, qualname: str) -> Any:
-    fn.__qualname__ = qualname
-    return fn
-
-
-def _no_batch(first: wp.array) -> wp.array:
-    return _launch.nothing((0,), wp.int64, first.device)
-
-
-def _one_cloud(fn: Any, empty: Any) -> Any:
-    """``fn`` without its batch vector parameters, which it gets as ``empty(first argument)``."""
-    signature = inspect.signature(fn)
-    params = list(signature.parameters.values())
-    places = [i for i, p in enumerate(params) if p.name in BATCH_NAMES]
-
-    def one_cloud(*args: Any, **kwargs: Any) -> Any:
-        args_ = list(args)
-        for i in places:
-            args_.insert(i, empty(args[0]))
-        return fn(*args_, **kwargs)
-
-    one_cloud.__signature__ = signature.replace(parameters=[p for p in params if p.name not in BATCH_NAMES])
-    one_cloud.__name__ = fn.__name__
-    return one_cloud

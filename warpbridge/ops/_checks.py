@@ -8,10 +8,12 @@ import functools
 import math
 import numbers
 import struct
+import types
 from typing import Any
 
 from .._core import op as _op
 from .._core.errors import describe, fail
+from .._core.op import op as _declare
 from . import _declared, _declared_lists
 
 _WANT = {"query": "(M, D) points", "ref": "(N, D) points", "features": "(N, F) features", "x": "(N, D) points"}
@@ -72,18 +74,41 @@ def widen(op: str, adapter: Any, arrays: dict[str, Any], dtype: str) -> tuple[li
     return wide, ops_for("float32", dim), dtype
 
 
-def _merged(*namespaces: Any) -> Any:
-    merged = type(namespaces[0])()
-    for ns in namespaces:
-        merged.__dict__.update(vars(ns))
-    return merged
+def declare_both(tag: str, specs: dict) -> types.SimpleNamespace:
+    """Each op of ``specs`` (name: its launch function as ``fn``, and ``wb.op``'s options),
+    declared twice: ``<name>_batched`` takes the batch vectors, ``<name>`` is the same op for
+    one cloud, without them (so a call on one cloud passes nothing more than before). Each
+    gets its own registered name per float type and dimension (``tag``:
+    ``torch.ops.warpbridge.<...>knn_float64<...>``)."""
+    ops = {}
+    for name, spec in specs.items():
+        options = dict(spec)
+        fn, backward = options.pop("fn"), options.pop("backward", None)
+        ops[f"{name}_batched"] = _declare(
+            _named(fn, f"{name}_batched_{tag}"),
+            backward=backward and _named(backward, f"{name}_batched_backward_{tag}"),
+            **options,
+        )
+        options["output_dims"] = _declared.one_cloud(options["output_dims"], lambda first: (0,))
+        ops[name] = _declare(
+            _named(_declared.one_cloud(fn, _declared.no_batch), f"{name}_{tag}"),
+            backward=backward and _named(_declared.one_cloud(backward, _declared.no_batch), f"{name}_backward_{tag}"),
+            **options,
+        )
+    return types.SimpleNamespace(**ops)
+
+
+def _named(fn: Any, qualname: str) -> Any:
+    fn.__qualname__ = qualname
+    return fn
 
 
 # Declared at import (~45 ms for both), not on first use: a first call may come inside
 # torch.compile, which cannot trace making an op.
 with _op.deferred_init():
     _DECLARED: dict[str, Any] = {
-        dtype: _merged(_declared.declared(dtype), _declared_lists.declared(dtype)) for dtype in ("float32", "float64")
+        dtype: declare_both(dtype, {**_declared.declared(dtype), **_declared_lists.declared(dtype)})
+        for dtype in ("float32", "float64")
     }
 
 
@@ -96,7 +121,7 @@ def ops_for(dtype: str, dim: int = 3) -> Any:
 
 @functools.cache
 def _other_dims(dtype: str, dim: int) -> Any:
-    return _merged(_declared.declared(dtype, dim), _declared_lists.declared(dtype, dim))
+    return declare_both(f"{dtype}_{dim}d", {**_declared.declared(dtype, dim), **_declared_lists.declared(dtype, dim)})
 
 
 def positive(op: str, name: str, value: Any, dtype: str) -> float:

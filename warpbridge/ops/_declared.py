@@ -16,7 +16,7 @@ built per float type and must be objects, not strings.
 """
 
 import functools
-import types
+import inspect
 from typing import Any
 
 import numpy as np
@@ -216,9 +216,12 @@ def _saved_tree(k, ref, batches, tree):
     return _tree.tree_struct(k, _tree.tree_of_order(k, ref, tree[0], batch[0]), batch)
 
 
-def forest_of(op, query_batch, ref_batch):
-    """The forest a search of the queries through a tree over the references takes, or None."""
-    return _batches.forest_of(op, query_batch, ref_batch, ("query_batch", "ref_batch"))
+def forest_of(op, query_batch, ref_batch, names=("query_batch", "ref_batch")):
+    """The forest a search of the queries through a tree over the references takes, or None
+    for one cloud (no batch vectors: the batched module is not entered)."""
+    if query_batch.shape[0] == 0 and ref_batch.shape[0] == 0:
+        return None
+    return _batches.forest_of(op, query_batch, ref_batch, names)
 
 
 def one_pass_fits(slots: int, n: int, row_bytes: int) -> bool:
@@ -291,6 +294,30 @@ def _knn_aggregate_dims(query, ref, features, query_batch, ref_batch, k, sigma):
     return {"out": (query[0], features[1]), "dist": (query[0], k), "idx": (query[0], k), "queries": (query[0],)}
 
 
+BATCH_NAMES = ("query_batch", "ref_batch", "batch")  # the batch vectors, as parameters
+
+
+def no_batch(first: wp.array) -> wp.array:
+    return _core.nothing((0,), wp.int64, first.device)
+
+
+def one_cloud(fn: Any, empty: Any) -> Any:
+    """``fn`` without its batch vector parameters, which it gets as ``empty(first argument)``."""
+    signature = inspect.signature(fn)
+    params = list(signature.parameters.values())
+    places = [i for i, p in enumerate(params) if p.name in BATCH_NAMES]
+
+    def one_cloud(*args: Any, **kwargs: Any) -> Any:
+        args_ = list(args)
+        for i in places:
+            args_.insert(i, empty(args[0]))
+        return fn(*args_, **kwargs)
+
+    one_cloud.__signature__ = signature.replace(parameters=[p for p in params if p.name not in BATCH_NAMES])
+    one_cloud.__name__ = fn.__name__
+    return one_cloud
+
+
 # the ops' options for wb.op, besides their launch functions and backwards
 _RADIUS = dict(num_outputs=9, aux=("stats", "neighbours", *_tree.TREE, "queries"), output_dims=_radius_dims)
 _KNN = dict(num_outputs=3, aux=("queries",), output_dims=_knn_dims)
@@ -298,10 +325,10 @@ _KNN_AGGREGATE = dict(num_outputs=4, aux=("dist", "idx", "queries"), output_dims
 
 
 @functools.cache
-def declared(dtype: str, dim: int = 3) -> types.SimpleNamespace:
-    """The three ops for one float type ("float32" or "float64") and points of ``dim``
-    coordinates, made on first use, each
-    for one cloud and over a batch (``<name>_batched``, see ``_batches.declare_both``)."""
+def declared(dtype: str, dim: int = 3) -> dict:
+    """The three ops' launch functions and ``wb.op`` options (``fn``, ``backward``, ...) for
+    one float type ("float32" or "float64") and points of ``dim`` coordinates, by name;
+    ``_checks.declare_both`` makes the ops."""
     T = wp.float32 if dtype == "float32" else wp.float64
     V = wp.types.vector(dim, T)
     Points, Rows, Index = wp.array(dtype=V), wp.array2d(dtype=T), wp.array(dtype=wp.int32)
@@ -365,8 +392,7 @@ def declared(dtype: str, dim: int = 3) -> types.SimpleNamespace:
             adj_query, adj_ref, adj_features, needs_input_grad,
         )  # fmt: skip
 
-    return _batches.declare_both(
-        dtype if dim == 3 else f"{dtype}_{dim}d",
+    return dict(
         radius_aggregate=dict(_RADIUS, fn=radius_aggregate, backward=radius_aggregate_backward),
         knn=dict(_KNN, fn=knn, backward=knn_backward),
         knn_aggregate=dict(_KNN_AGGREGATE, fn=knn_aggregate, backward=knn_aggregate_backward),

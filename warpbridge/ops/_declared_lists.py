@@ -12,12 +12,11 @@ built per float type and must be objects, not strings.
 """
 
 import functools
-import types
 from typing import Any
 
 import warp as wp
 
-from . import _batches, _declared, _launch, _tree
+from . import _declared, _launch, _tree
 
 # The cap on a row when there is none: more than any row can hold.
 NO_CAP = (1 << 31) - 1
@@ -73,9 +72,9 @@ def _knn_graph(k, x, batch, kk, skip_self, edges):
 
 
 @functools.cache
-def declared(dtype: str, dim: int = 3) -> types.SimpleNamespace:
-    """The list ops for one float type ("float32" or "float64") and points of ``dim``
-    coordinates, made on first use."""
+def declared(dtype: str, dim: int = 3) -> dict:
+    """The list ops' launch functions and ``wb.op`` options for one float type ("float32" or
+    "float64") and points of ``dim`` coordinates, by name (see ``_declared.declared``)."""
     T = wp.float32 if dtype == "float32" else wp.float64
     Points, Counts, Edges = (
         wp.array(dtype=wp.types.vector(dim, T)),
@@ -112,7 +111,7 @@ def declared(dtype: str, dim: int = 3) -> types.SimpleNamespace:
         _fill_backward(k, query, ref, edges, ptr, queries, adj_distance, adj_query, adj_ref, needs_input_grad)
 
     def knn_graph(x: Points, batch: Batch, k: int, skip_self: int, edges: Edges):
-        forest = _batches.forest_of("knn_graph", batch, batch, ("batch", "batch"))
+        forest = _declared.forest_of("knn_graph", batch, batch, ("batch", "batch"))
         _knn_graph(kernels(x.device), x, forest, k, skip_self, edges)
 
     def count_dims(query, ref, *_):
@@ -131,8 +130,7 @@ def declared(dtype: str, dim: int = 3) -> types.SimpleNamespace:
     def graph_dims(x, batch, k, skip_self):
         return (2, x[0] * k)
 
-    return _batches.declare_both(
-        dtype if dim == 3 else f"{dtype}_{dim}d",
+    return dict(
         radius_count=dict(fn=radius_count, num_outputs=5, output_dims=count_dims),
         radius_list=dict(fn=radius_list, num_outputs=2, output_dims=list_dims, backward=radius_list_backward),
         knn_graph=dict(fn=knn_graph, num_outputs=1, output_dims=graph_dims),
