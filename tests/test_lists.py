@@ -328,3 +328,15 @@ def test_more_pairs_than_a_list_holds_are_refused_before_the_fill(monkeypatch):
     assert wb.ops.radius(r, r, 10.0, max_neighbors=1).index.shape == (40,)  # capped: 40 pairs
     with pytest.raises(WarpBridgeError, match=r"N \* k = 80 edges, more than one graph holds"):
         wb.ops.knn_graph(r, 2)
+
+
+def test_a_capped_radius_list_is_the_radius_masked_knn():
+    """What the docs offer for a fixed size under jax.jit: the kNN rows masked at the radius
+    hold exactly the capped list's neighbours, in the same order."""
+    r, q = cloud("lidar rings + 20 far", n=2000, seed=21)
+    dist, idx = wb.ops.knn(q, r, 8)
+    radius = float(dist[:, 4].median())
+    nb = wb.ops.radius(q, r, radius, max_neighbors=8)
+    for i in range(len(q)):
+        inside = idx[i][dist[i] <= radius]
+        assert torch.equal(inside, nb.index[nb.ptr[i] : nb.ptr[i + 1]]), i
