@@ -124,3 +124,10 @@ def test_warp_state_example_lands_the_projectiles(capsys):
     assert "mean squared miss" in out
     low, high = (float(v) for v in out.split("apex heights: ")[1].split(" m")[0].split(" to "))
     assert 0 < low <= high < 20  # launched upwards, none to the sky
+
+
+def test_point_cloud_batches_example_learns_the_shapes(capsys):
+    """A classifier fed ragged batches through knn_graph(batch=...) tells spheres, planes and
+    cylinders apart (chance is 1/3)."""
+    assert load("point_cloud_batches").main(steps=60) >= 0.85
+    assert "accuracy on 96 new clouds" in capsys.readouterr().out
