@@ -233,6 +233,11 @@ def _points(n=10):
         (torch.zeros(10, dtype=torch.int64), torch.tensor([0, 0, 1, 1, 0, 1, 1, 1, 1, 1]), "ref_batch[4] = 0 follows"),
         (torch.full((10,), -1, dtype=torch.int64), torch.zeros(10, dtype=torch.int64), "from 0 to"),
         (torch.full((10,), 1 << 40, dtype=torch.int64), torch.zeros(10, dtype=torch.int64), "from 0 to"),
+        (
+            torch.full((10,), 1 << 29, dtype=torch.int64),
+            torch.zeros(10, dtype=torch.int64),
+            "go up to 536870912 for 20 points",
+        ),
     ],
 )
 @pytest.mark.parametrize("op", ["knn", "knn_aggregate", "radius_aggregate", "radius"])

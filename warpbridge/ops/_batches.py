@@ -75,4 +75,11 @@ def forest_of(op: str, searched: wp.array, tree_of: wp.array, names: tuple[str, 
     searched_values = batch_values(op, names[0], searched)
     tree_values = batch_values(op, names[1], tree_of)
     count = cloud_count(searched_values, tree_values)
+    points = searched_values.size + tree_values.size
+    if count > points:  # every cloud costs a row and a root: bounded by the points
+        raise fail(
+            op,
+            f"cloud numbers go up to {count - 1} for {points} points: number the clouds 0, 1, 2, ... as PyG's "
+            "batch vectors do (at most one cloud per point)",
+        )
     return Forest(*clouds(tree_values, count, tree_of.device)), searched
