@@ -200,3 +200,36 @@ def test_scalars_are_exact_or_refused(v, s, h, b):
     )
     want = sum(v) + torch.tensor([float(s)], dtype=torch.float32).double() + halves
     torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-12, atol=0)
+
+
+@st.composite
+def batch_vectors(draw, m, n):
+    """Sorted cloud numbers for m queries and n references, among up to 4 clouds (some empty)."""
+    clouds = draw(st.integers(1, 4))
+    query = sorted(draw(st.lists(st.integers(0, clouds - 1), min_size=m, max_size=m)))
+    ref = sorted(draw(st.lists(st.integers(0, clouds - 1), min_size=n, max_size=n)))
+    return torch.tensor(query, dtype=torch.int64), torch.tensor(ref, dtype=torch.int64)
+
+
+@settings(max_examples=60, deadline=5000, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(data=clouds(), k=st.integers(1, 5), radius=st.sampled_from([1e-12, 0.5, 2.0]), batches=st.data())
+def test_batched_knn_and_radius_lists_return_the_per_cloud_reference(data, k, radius, batches):
+    q, r, _ = data
+    query_batch, ref_batch = batches.draw(batch_vectors(len(q), len(r)))
+    before = snapshot(q, r, query_batch, ref_batch)
+    if not 1 <= k <= len(r):
+        return
+    dist, idx = wb.ops.knn(q, r, k, query_batch=query_batch, ref_batch=ref_batch)
+    nb = wb.ops.radius(q, r, radius, query_batch=query_batch, ref_batch=ref_batch)
+    for i in range(len(q)):
+        d = (q[i] - r).norm(dim=1)
+        d[~finite_rows(r) | (ref_batch != query_batch[i])] = math.inf
+        if not finite_rows(q[i : i + 1])[0]:
+            d[:] = math.inf
+        order = torch.sort(d, stable=True)
+        want = order.values[:k]
+        torch.testing.assert_close(dist[i], want, atol=1e-9, rtol=1e-9)
+        assert torch.equal(idx[i], torch.where(torch.isfinite(want), order.indices[:k], -1))
+        inside = order.indices[order.values <= radius]
+        assert torch.equal(nb.index[nb.ptr[i] : nb.ptr[i + 1]], inside)
+    unchanged(before, [q, r, query_batch, ref_batch])
