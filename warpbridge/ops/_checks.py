@@ -169,7 +169,7 @@ def batches(op: str, a: Any, points: dict[str, Any], given: dict[str, Any]) -> l
         raise fail(op, f"pass {' and '.join(repr(n) for n in names)} together (or neither): '{missing[0]}' is missing")
     for (name, b), (cloud, p) in zip(given.items(), points.items()):
         dtype, shape, where = a.info(b)
-        n, there = a.info(p)[1][0], a.info(p)[2]
+        _, (n, *_), there = a.info(p)
         if dtype != "int64" or shape != (n,):
             raise fail(
                 op,

@@ -241,15 +241,16 @@ def knn_forward(k, query, ref, kk, dist, idx, queries, batch=None, features=None
     launch(k.knn_search, query.shape[0], before, [dist, idx, out], device)
 
 
-def _knn_backward(k, query, ref, idx, queries, grad, dq, dr, needs):
-    m, device = query.shape[0], query.device
+def distance_backward(k, kernel, rows, queries, dq, dr, needs):
+    """The gradient of a search's distances (``kernel``: ``knn_backward`` or ``list_backward``;
+    ``rows``: its arguments from the queries to the incoming gradient), per-thread ``dr`` copies."""
+    m, device = rows[0].shape[0], rows[0].device
     if not any(needs):
         return
     slots = _core.slots(device, m)
     r_slots = thread_copies(dr, slots, needs[1])
-    before = [query, ref, idx, grad, needs_bits(needs), queries]
     grads = struct(k.Grads, d_query=dq, d_ref=dr, ref_slots=r_slots)
-    _core.launch_queries(k.knn_backward, m, slots, before, [grads], device, None, scatter=True)
+    _core.launch_queries(kernel, m, slots, [*rows, needs_bits(needs), queries], [grads], device, None, True)
     add_copies(r_slots, dr)
 
 
@@ -372,8 +373,8 @@ def declared(dtype: str, dim: int = 3) -> dict:
         queries: Index,
         adj_dist: Rows, adj_query: Points, adj_ref: Points, *, needs_input_grad,
     ):  # fmt: skip
-        k_ = kernels(query.device)
-        _knn_backward(k_, query, ref, idx, queries, adj_dist, adj_query, adj_ref, needs_input_grad)
+        k_, rows = kernels(query.device), [query, ref, idx, adj_dist]
+        distance_backward(k_, k_.knn_backward, rows, queries, adj_query, adj_ref, needs_input_grad)
 
     def knn_aggregate(
         query: Points, ref: Points, features: Rows, query_batch: Batch, ref_batch: Batch, k: int, sigma: T,

@@ -49,18 +49,6 @@ def _fill(k, query, ref, batch, ptr, order, queries, listed, radius, skip_self, 
     _declared.launch(k.radius_fill, query.shape[0], before, [edges, distance], query.device)
 
 
-def _fill_backward(k, query, ref, edges, ptr, queries, grad, dq, dr, needs):
-    m, device = query.shape[0], query.device
-    if not any(needs):
-        return
-    slots = _launch.slots(device, m)
-    r_slots = _declared.thread_copies(dr, slots, needs[1])
-    grads = _declared.struct(k.Grads, d_query=dq, d_ref=dr, ref_slots=r_slots)
-    before = [query, ref, edges, ptr, grad, _declared.needs_bits(needs), queries]
-    _launch.launch_queries(k.list_backward, m, slots, before, [grads], device, None, scatter=True)
-    _declared.add_copies(r_slots, dr)
-
-
 def _knn_graph(k, x, batch, kk, skip_self, edges):
     """The kNN search for kk + skip_self (the point itself found too where it is left out), then its edges."""
     m, device = x.shape[0], x.device
@@ -108,7 +96,8 @@ def declared(dtype: str, dim: int = 3) -> dict:
         adj_distance: wp.array(dtype=T), adj_query: Points, adj_ref: Points, *, needs_input_grad,
     ):  # fmt: skip
         k = kernels(query.device)
-        _fill_backward(k, query, ref, edges, ptr, queries, adj_distance, adj_query, adj_ref, needs_input_grad)
+        rows = [query, ref, edges, ptr, adj_distance]
+        _declared.distance_backward(k, k.list_backward, rows, queries, adj_query, adj_ref, needs_input_grad)
 
     def knn_graph(x: Points, batch: Batch, k: int, skip_self: int, edges: Edges):
         forest = _declared.forest_of("knn_graph", batch, batch, ("batch", "batch"))
