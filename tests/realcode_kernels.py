@@ -273,3 +273,86 @@ def scalar_sum(
 ):
     i = wp.tid()
     y[i] = x[i] + f64(v[0]) + f64(v[1]) + f64(v[2]) + f64(s) + f64(h) + f64(b)
+
+
+# -- views of the arguments: slices, reshapes, copies, raw pointers ----------------------------
+
+
+def square_a_slice(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """Squares all of ``x`` but its first element, through a slice."""
+    wp.launch(square_into, dim=y.shape[0], inputs=[x[1:], y])
+
+
+def square_a_row(x: wp.array2d(dtype=f64), y: wp.array(dtype=f64)):
+    """Squares row 1 of ``x`` (a view: strided when ``x`` is a transposed tensor)."""
+    wp.launch(square_into, dim=y.shape[0], inputs=[x[1], y])
+
+
+def square_flattened(x: wp.array2d(dtype=f64), y: wp.array(dtype=f64)):
+    wp.launch(square_into, dim=y.shape[0], inputs=[x.flatten(), y])
+
+
+def square_into_a_reshaped_output(x: wp.array(dtype=f64), y: wp.array2d(dtype=f64)):
+    """Writes its 2-D output through a 1-D view of it."""
+    wp.launch(square_into, dim=x.shape[0], inputs=[x, y.reshape((x.shape[0],))])
+
+
+def square_a_clone_of_a_slice(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    s = wp.clone(x[1:])
+    wp.launch(square_into, dim=y.shape[0], inputs=[s, y])
+
+
+def square_through_a_pointer(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """Squares ``x`` through an array made over its pointer (no grad, no parent)."""
+    v = wp.array(ptr=x.ptr, dtype=f64, shape=x.shape, device=x.device)
+    wp.launch(square_into, dim=y.shape[0], inputs=[v, y])
+
+
+def pointer_over_two_inputs(x: wp.array(dtype=f64), z: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """``x`` and ``z`` may be one memory: a raw-pointer view of it belongs to neither."""
+    v = wp.array(ptr=z.ptr, dtype=f64, shape=z.shape, device=z.device)
+    wp.launch(axpy_into, dim=y.shape[0], inputs=[x, v, f64(1.0), y])
+
+
+# -- copies Warp's tape leaves off: into or out of arrays without a gradient -------------------
+
+
+def copy_into_plain_zeros(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    s = wp.zeros(x.shape[0], dtype=f64, device=x.device)
+    wp.copy(s, x)
+    wp.launch(square_into, dim=y.shape[0], inputs=[s, y])
+
+
+def assign_into_empty(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    s = wp.empty(x.shape[0], dtype=f64, device=x.device)
+    s.assign(x)
+    wp.launch(square_into, dim=y.shape[0], inputs=[s, y])
+
+
+def clone_without_grad(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    s = wp.clone(x[1:], requires_grad=False)
+    wp.launch(square_into, dim=y.shape[0], inputs=[s, y])
+
+
+def copy_out_of_plain_zeros(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    s = wp.zeros(x.shape[0], dtype=f64, device=x.device)
+    wp.launch(square_into, dim=x.shape[0], inputs=[x, s])
+    wp.copy(y, s)
+
+
+def copy_with_gradients(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """The same copies between arrays that have gradients: recorded, right."""
+    s = wp.zeros(x.shape[0], dtype=f64, device=x.device, requires_grad=True)
+    wp.copy(s, x)
+    t = wp.zeros_like(s)
+    wp.launch(square_into, dim=x.shape[0], inputs=[s, t])
+    wp.copy(y, t)
+
+
+def zero_forces_and_a_table(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """Read-only arrays without gradients that are no copies: zero forces, a constant table."""
+    forces = wp.zeros(x.shape[0], dtype=f64, device=x.device)
+    table = wp.full(x.shape[0], f64(0.25), dtype=f64, device=x.device)
+    s = wp.zeros(x.shape[0], dtype=f64, device=x.device)
+    wp.launch(axpy_into, dim=x.shape[0], inputs=[x, forces, f64(3.0), s])
+    wp.launch(axpy_into, dim=x.shape[0], inputs=[s, table, f64(2.0), y])

@@ -13,11 +13,11 @@ from typing import Any
 
 import warp as wp
 
-from . import adjoint_check as _adjoint
-from .errors import WarpBridgeError, fail
+from .errors import fail
+from .function_checks import check_recorded, floating, input_written, overlap, span
 from .plan import KernelPlan, Plan, host_bytes
 from .signature import Param, Signature
-from .warp_runtime import LOAD_LOCK, KeepingTape, RecordedLaunch, recorded_kernels, tape_launches
+from .warp_runtime import LOAD_LOCK, KeepingTape, tape_arrays, tape_launches
 
 
 def _wrap(p: Param, device: Any, ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
@@ -98,22 +98,11 @@ def _check_copies(plan: Plan, originals: list, copies: list) -> None:
     sig = plan.sig
     written = [p.name for p in sig.array_inputs if not _same_bytes(originals[p.position], copies[p.position])]
     if written:
-        raise _input_written(sig.name, sig.func, written)
+        raise input_written(sig.name, sig.func, written)
 
 
 def _same_bytes(a: Any, b: Any) -> bool:
     return a.size == 0 or host_bytes(a) == host_bytes(b)
-
-
-def _input_written(op_name: str, func: Any, names: Sequence[str], kernel: str = "") -> WarpBridgeError:
-    by = f" (kernel '{kernel}')" if kernel else ""
-    first = names[0]
-    return fail(
-        op_name,
-        f"launch function {func.__name__}() writes into its input array(s) {list(names)}{by}; warpbridge never "
-        f"modifies a caller's memory, and Warp's adjoint of a state updated in place is wrong. Update a copy "
-        f"(`{first} = wp.clone({first})` at the top of the function) or write the new state into an output",
-    )
 
 
 class Recording:
@@ -126,6 +115,7 @@ class Recording:
         self.args = args
         self.placeholders = placeholders  # the forward's gradient buffers of the inputs and outputs
         self.checked = False  # rule 7 passed once: the recorded launches do not change
+        self.arrays: list | None = None  # every array the tape recorded (read before its first backward)
         self.passes = 0  # backwards run through the tape
         self.lock = threading.Lock()  # one backward at a time: they share the gradients
 
@@ -144,15 +134,18 @@ def run_recorded_adjoint(
     ``requires_grad`` it was made with, so a scratch array cannot cut a gradient path. Every
     backward starts from zeroed intermediate gradients, so a retained graph can be
     back-propagated any number of times."""
-    sig, plan, tape = op.sig, rec.plan, rec.tape
+    plan, tape = rec.plan, rec.tape
     with rec.lock, _scoped(plan.device, stream):
         ends = _attach_end_gradients(plan, rec.args, in_grads, out_grads)
         owned: list = [[]]
+        aliases: list = []
         try:
             if not rec.checked:
-                check_recorded(op, tape, [rec.args[p.position] for p in sig.array_inputs])
+                rec.arrays = tape_arrays(tape)
+                check_recorded(op, tape, rec.args, rec.arrays)
                 rec.checked = True
-            skip = {id(a) for a, _, _ in ends}
+            aliases = _alias_gradients(op, rec.arrays, [a for a, _, _ in ends])
+            skip = {id(a) for a, _, _ in ends} | {id(a) for a in aliases}
             if rec.passes:  # an earlier backward left values in every intermediate gradient
                 _zero_intermediate_gradients(tape, skip)
             else:  # the forward made them zeroed, but for copies of the placeholders' content
@@ -164,7 +157,7 @@ def run_recorded_adjoint(
                 if target is not None:  # a gradient laid out unlike its buffer: copied back
                     wp.copy(target, a.grad)
         finally:
-            for a in [a for a, _, _ in ends] + owned[1:]:
+            for a in [a for a, _, _ in ends] + aliases + owned[1:]:
                 a.grad = None  # the next backward starts from fresh zeros; a global array gets its state back
             tape.gradients = {}  # no reference to this backward's buffers survives it
 
@@ -185,6 +178,55 @@ def _attach_end_gradients(plan: Plan, args: list, in_grads: Sequence[int], out_g
         gptr, gstrides = out_grads[j]
         ends.append(_end_gradient(a, _wrap(p, dev, gptr, a.shape, gstrides), zeroed=False))
     return ends
+
+
+def _alias_gradients(op: Any, arrays: list, ends: list) -> list:
+    """Give each recorded array over an input's or output's memory (a slice, a reshape, a
+    flatten of it) the matching view of that array's gradient: a launch through the view
+    differentiates the input or output. Returns the arrays so given a gradient (None where the
+    input takes none: the backward then gives them zeros of their own)."""
+    by_id = {id(a): a for a in ends}
+    aliases = []
+    for v in arrays:
+        if id(v) in by_id or not v.size or not floating(v.dtype):
+            continue
+        end = _viewed_end(op, v, ends, by_id)
+        if end is not None:
+            v.grad = None if end.grad is None else _gradient_view(end, v)
+            aliases.append(v)
+    return aliases
+
+
+def _viewed_end(op: Any, v: Any, ends: list, by_id: dict) -> Any:
+    """The input or output whose memory ``v`` views (None: none): the one it was made from
+    (``x[1:]``, ``x.reshape(...)``), else the one whose memory holds it."""
+    parent = getattr(v, "_ref", None)
+    while parent is not None:
+        if id(parent) in by_id:
+            return by_id[id(parent)]
+        parent = getattr(parent, "_ref", None)
+    memory = span(v)
+    hits = [a for a in ends if overlap(memory, span(a))]
+    if not hits:
+        return None
+    if len(hits) == 1 and span(hits[0])[0] <= memory[0] and memory[1] <= span(hits[0])[1]:
+        return hits[0]
+    names = [p.name for p in op.sig.array_inputs + op.sig.outputs]
+    which = [names[k] for k, a in enumerate(ends) if any(a is h for h in hits)]
+    raise fail(
+        op.name,
+        f"cannot differentiate: launch function {op.sig.func.__name__}() launches a kernel on a "
+        f"{v.dtype.__name__} array of shape {v.shape} over the memory of {which} that was not made from one of "
+        "them, so its gradient belongs to no one argument. Make it from the argument (a slice, "
+        "`.reshape()`, `.flatten()`, `.view()`) or copy the argument with `wp.clone`",
+    )
+
+
+def _gradient_view(end: Any, v: Any) -> Any:
+    """The view of ``end``'s gradient (laid out like ``end``) that matches ``v``'s view of it."""
+    return wp.array(
+        ptr=end.grad.ptr + (v.ptr - end.ptr), dtype=v.dtype, shape=v.shape, strides=v.strides, device=v.device
+    )
 
 
 def _end_gradient(a: Any, grad: Any, zeroed: bool) -> tuple[Any, Any, Any]:
@@ -251,80 +293,6 @@ def first_run(plan: Any, which: int):
         plan.warm[which] = True
 
 
-def check_recorded(op: Any, tape: KeepingTape, inputs: Sequence[Any]) -> None:
-    """Rule 7 for launch functions, before the tape's backward: no kernel with a hazard (unless
-    trusted), no write into an input, no mesh or BVH built over differentiable points."""
-    launches = tape_launches(tape)
-    for k in recorded_kernels(tape):
-        if not k.options.get("enable_backward", k.module.options.get("enable_backward", True)):
-            raise fail(op.name, f"cannot differentiate: kernel '{k.key}' was compiled with enable_backward=False")
-    _check_input_writes(op, launches, inputs)
-    _check_geometry(op, tape, launches, inputs)
-    found: tuple = ()
-    for k in recorded_kernels(tape):
-        if not op.trusts(k):
-            found += tuple(h for h in _adjoint.kernel_hazards(k) if not op.trusts(h.kernel))
-    if found:
-        raise WarpBridgeError(_adjoint.refusal(op.name, found))
-
-
-def _check_input_writes(op: Any, launches: list[RecordedLaunch], inputs: Sequence[Any]) -> None:
-    spans = [(p.name, _span(a)) for p, a in zip(op.sig.array_inputs, inputs)]
-    for launch in launches:
-        writes = _adjoint.kernel_accesses(launch.kernel).writes
-        for label, a in launch.args:
-            if label not in writes or not isinstance(a, wp.array):
-                continue
-            hit = [name for name, span in spans if _overlap(span, _span(a))]
-            if hit:
-                raise _input_written(op.name, op.sig.func, hit, launch.kernel.key)
-
-
-def _check_geometry(op: Any, tape: KeepingTape, launches: list[RecordedLaunch], inputs: Sequence[Any]) -> None:
-    """Warp's adjoint never reaches a mesh's or BVH's points: refuse one built over points that
-    depend on an input receiving a gradient."""
-    used = {v for launch in launches for _, v in launch.args if isinstance(v, int)}
-    queried = [obj for obj in tape.kept_objects() if _geometry_points(obj) and obj.id in used]
-    if not queried:
-        return
-    tainted = [_span(a) for a in inputs if a.grad is not None]
-    for launch in launches:  # what depends on those inputs, launch by launch
-        acc = _adjoint.kernel_accesses(launch.kernel)
-        arrays = [(label, a) for label, a in launch.args if isinstance(a, wp.array)]
-        read = [_span(a) for label, a in arrays if label in acc.reads | acc.unknown]
-        if any(_overlap(r, t) for r in read for t in tainted):
-            tainted += [_span(a) for label, a in arrays if label in acc.writes]
-    for obj in queried:
-        if any(_overlap(_span(p), t) for p in _geometry_points(obj) for t in tainted):
-            raise fail(
-                op.name,
-                f"cannot differentiate: launch function {op.sig.func.__name__}() queries a {type(obj).__name__} "
-                "built over points that depend on a differentiable input, and Warp's adjoint never reaches a "
-                f"{type(obj).__name__}'s points (their gradient would be zero). Give the op its own backward "
-                "(@op.backward, see docs/custom-backward.md), or pass the points without requires_grad",
-            )
-
-
-def _geometry_points(obj: Any) -> list:
-    if isinstance(obj, wp.Mesh):
-        return [obj.points]
-    if isinstance(obj, wp.Bvh):
-        return [obj.lowers, obj.uppers]
-    return []
-
-
-def _span(a: Any) -> tuple[int, int]:
-    """The bytes an array can touch: [first, end)."""
-    if a is None or not a.size or not a.ptr:
-        return (0, 0)
-    last = sum((n - 1) * s for n, s in zip(a.shape, a.strides))
-    return (a.ptr, a.ptr + last + wp.types.type_size_in_bytes(a.dtype))
-
-
-def _overlap(x: tuple[int, int], y: tuple[int, int]) -> bool:
-    return x[0] < y[1] and y[0] < x[1]
-
-
 def own_gradients(tape: Any) -> list:
     """Give each floating array the tape's launches use and that has no gradient one, zeroed.
 
@@ -335,17 +303,17 @@ def own_gradients(tape: Any) -> list:
     bare: dict[int, Any] = {}
     for launch in tape_launches(tape):
         for _, a in launch.args:
-            if isinstance(a, wp.array) and a.grad is None and a.size and _floating(a.dtype):
+            if isinstance(a, wp.array) and a.grad is None and a.size and floating(a.dtype):
                 bare.setdefault(id(a), a)
-    arrays = sorted(bare.values(), key=lambda a: _span(a)[0])
+    arrays = sorted(bare.values(), key=lambda a: span(a)[0])
     buffers, group, end = [], [], 0
     for a in arrays + [None]:
-        span = _span(a) if a is not None else (end, end)
-        if group and span[0] >= end:
+        memory = span(a) if a is not None else (end, end)
+        if group and memory[0] >= end:
             buffers.append(_shared_gradient(group))
             group = []
         if a is not None:
-            end = max(end, span[1]) if group else span[1]
+            end = max(end, memory[1]) if group else memory[1]
             group.append(a)
     return [buffers, *arrays]
 
@@ -353,22 +321,15 @@ def own_gradients(tape: Any) -> list:
 def _shared_gradient(group: list, zeroed: bool = True) -> Any:
     """Give each array of ``group`` (arrays over one stretch of memory) a gradient laid out like
     it in one buffer mirroring that memory (zeroed, or not); return the buffer."""
-    start = min(_span(a)[0] for a in group)
-    end = max(_span(a)[1] for a in group)
+    start = min(span(a)[0] for a in group)
+    end = max(span(a)[1] for a in group)
     make = wp.zeros if zeroed else wp.empty
     buffer = make(max(end - start, 1), dtype=wp.uint8, device=group[0].device)
     for a in group:
         a.grad = wp.array(
-            ptr=buffer.ptr + _span(a)[0] - start, dtype=a.dtype, shape=a.shape, strides=a.strides, device=a.device
+            ptr=buffer.ptr + span(a)[0] - start, dtype=a.dtype, shape=a.shape, strides=a.strides, device=a.device
         )
     return buffer
-
-
-_FLOATS = (wp.float16, wp.bfloat16, wp.float32, wp.float64)
-
-
-def _floating(dtype: Any) -> bool:
-    return getattr(dtype, "_wp_scalar_type_", dtype) in _FLOATS
 
 
 # The most array views a plan keeps for the forward (see _function_args).

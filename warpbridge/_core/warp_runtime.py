@@ -299,6 +299,16 @@ class KeepingTape(wp.Tape):
         return [v for f in self.frames for v in f.f_locals.values()] + [v for d in self.kept for v in d.values()]
 
 
+def tape_arrays(tape: Any) -> list:
+    """Every array ``tape`` recorded, once: its launches' and its recorded functions' (the
+    copies ``wp.copy`` records keep their arrays in ``tape.gradients``)."""
+    found = {id(a): a for launch in tape_launches(tape) for _, a in launch.args if isinstance(a, wp.array)}
+    for a in tape.gradients:
+        if isinstance(a, wp.array):
+            found.setdefault(id(a), a)
+    return list(found.values())
+
+
 def recorded_kernels(tape: Any) -> list:
     """The kernels a ``wp.Tape`` recorded, each once, in launch order."""
     return list(dict.fromkeys(launch.kernel for launch in tape_launches(tape)))

@@ -1,0 +1,127 @@
+"""Launch functions that reach their arguments through views (``x[1:]``, ``x.reshape``,
+``x.flatten()``, a row, an array over ``x.ptr``, a view of an output) or through copies
+(``wp.copy``, ``.assign()``, ``wp.clone``): the gradient flows into the argument the view was
+made from, or the call is refused where Warp's tape recorded no copy. Gradients against
+float64 finite differences and, where Warp's own tape is right, ``wp.Tape``."""
+
+import numpy as np
+import pytest
+import realcode_kernels as K
+import torch
+import warp as wp
+
+import warpbridge as wb
+
+f64 = torch.float64
+
+VIEWS = [  # (function, input shape, output_dims)
+    (K.square_a_slice, (5,), (4,)),
+    (K.square_a_row, (3, 4), (4,)),
+    (K.square_flattened, (3, 2), (6,)),
+    (K.square_into_a_reshaped_output, (6,), (3, 2)),
+    (K.square_a_clone_of_a_slice, (5,), (4,)),
+    (K.square_through_a_pointer, (5,), None),
+    (K.copy_with_gradients, (5,), None),
+    (K.zero_forces_and_a_table, (5,), None),
+]
+
+
+def fd(fn, x, eps=1e-6):
+    g = torch.zeros_like(x)
+    for k in range(x.numel()):
+        plus, minus = x.clone(), x.clone()
+        plus.view(-1)[k] += eps
+        minus.view(-1)[k] -= eps
+        g.view(-1)[k] = (fn(plus).sum() - fn(minus).sum()) / (2 * eps)
+    return g
+
+
+def _values(shape, seed=0):
+    return 0.5 + torch.rand(shape, generator=torch.Generator().manual_seed(seed), dtype=f64)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("fn,shape,dims", VIEWS, ids=[v[0].__name__ for v in VIEWS])
+def test_a_view_of_an_argument_carries_its_gradient(fn, shape, dims, recompute):
+    op = wb.op(fn, output_dims=dims, recompute=recompute)
+    x = _values(shape).requires_grad_()
+    op(x).sum().backward()
+    want = fd(lambda a: op(a), x.detach())
+    assert want.abs().sum() > 0
+    torch.testing.assert_close(x.grad, want, rtol=1e-7, atol=1e-7)
+
+
+@pytest.mark.parametrize("fn,shape,dims", VIEWS[:5], ids=[v[0].__name__ for v in VIEWS[:5]])
+def test_views_match_warps_own_tape(fn, shape, dims):
+    data = _values(shape, seed=1)
+    x = data.clone().requires_grad_()
+    wb.op(fn, output_dims=dims)(x).sum().backward()
+    xw = wp.array(data.numpy(), dtype=wp.float64, requires_grad=True)
+    y = wp.zeros(dims or shape, dtype=wp.float64, requires_grad=True)
+    tape = wp.Tape()
+    with tape:
+        fn(xw, y)
+    tape.backward(grads={y: wp.ones_like(y)})
+    np.testing.assert_array_equal(x.grad.numpy(), xw.grad.numpy())
+
+
+def test_a_row_of_a_transposed_input():
+    base = _values((4, 3), seed=2)
+    x = base.t().requires_grad_()  # strided: the gradient goes through a buffer of its own
+    wb.op(K.square_a_row, output_dims=(4,))(x).sum().backward()
+    want = torch.zeros(3, 4, dtype=f64)
+    want[1] = 2 * x.detach()[1]
+    torch.testing.assert_close(x.grad, want)
+
+
+def test_retained_graph_through_a_view_adds_one_gradient_per_pass():
+    op = wb.op(K.square_a_slice, output_dims=(4,))
+    x = _values((5,), seed=3).requires_grad_()
+    y = op(x)
+    want = torch.cat([torch.zeros(1, dtype=f64), 2 * x.detach()[1:]])
+    for k in range(1, 4):
+        y.sum().backward(retain_graph=True)
+        torch.testing.assert_close(x.grad, k * want)
+
+
+def test_a_pointer_view_over_two_arguments_is_refused():
+    op = wb.op(K.pointer_over_two_inputs)
+    x = _values((5,), seed=4).requires_grad_()
+    y = op(x, x.detach())  # one memory, two arguments: whose gradient is the view's?
+    with pytest.raises(wb.WarpBridgeError, match=r"over the memory of \['x', 'z'\] that was not made from one"):
+        y.sum().backward()
+    assert x.grad is None
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize(
+    "fn,dims,message",
+    [
+        (K.copy_into_plain_zeros, None, r"reads a float64 array of shape \(5,\) made without requires_grad that holds a copy of argument 'x'"),
+        (K.assign_into_empty, None, "holds a copy of argument 'x'"),
+        (K.clone_without_grad, (4,), r"shape \(4,\) made without requires_grad that holds a copy of argument 'x'"),
+        (K.copy_out_of_plain_zeros, None, "fills its output 'y' with a copy of a float64 array of shape"),
+    ],
+    ids=["wp.copy", "assign", "wp.clone", "copy out"],
+)  # fmt: skip
+def test_a_copy_warps_tape_leaves_off_is_refused(fn, dims, message, recompute):
+    op = wb.op(fn, output_dims=dims, recompute=recompute)
+    x = _values((5,), seed=5).requires_grad_()
+    y = op(x)
+    torch.testing.assert_close(y, (x.detach()[-y.shape[0] :]) ** 2)  # the forward is right
+    with pytest.raises(wb.WarpBridgeError, match=message) as e:
+        y.sum().backward()
+    assert "requires_grad=True" in str(e.value)
+    assert x.grad is None
+
+
+def test_views_and_copies_from_jax():
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    op = wb.op(K.square_a_slice, output_dims=(4,))
+    x = _values((5,), seed=6).numpy()
+    g = jax.grad(lambda a: op(a).sum())(jax.numpy.asarray(x))
+    np.testing.assert_allclose(np.asarray(g), np.r_[0.0, 2 * x[1:]], rtol=1e-12)
+    # the check runs in the backward's callback: JAX raises its own error, carrying warpbridge's
+    with pytest.raises(Exception, match="WarpBridgeError: .*holds a copy of argument 'x'"):
+        jax.grad(lambda a: wb.op(K.copy_into_plain_zeros)(a).sum())(jax.numpy.asarray(x))

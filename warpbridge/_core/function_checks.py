@@ -1,0 +1,174 @@
+"""Rule 7 for launch functions: what a recorded forward must not have done for a backward
+through its tape to be right. No kernel with a hazard (unless trusted), no write into an
+input, no mesh or BVH over differentiable points, no copy Warp left off the tape. Checked
+once per recording, before its first backward; and the memory spans those checks compare."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import warp as wp
+
+from . import adjoint_check as _adjoint
+from .errors import WarpBridgeError, fail
+from .plan import host_bytes
+from .warp_runtime import KeepingTape, RecordedLaunch, recorded_kernels, tape_launches
+
+
+def input_written(op_name: str, func: Any, names: Sequence[str], kernel: str = "") -> WarpBridgeError:
+    by = f" (kernel '{kernel}')" if kernel else ""
+    first = names[0]
+    return fail(
+        op_name,
+        f"launch function {func.__name__}() writes into its input array(s) {list(names)}{by}; warpbridge never "
+        f"modifies a caller's memory, and Warp's adjoint of a state updated in place is wrong. Update a copy "
+        f"(`{first} = wp.clone({first})` at the top of the function) or write the new state into an output",
+    )
+
+
+def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], arrays: Sequence[Any]) -> None:
+    """Rule 7 for launch functions, before the tape's first backward: no kernel with a hazard
+    (unless trusted), no write into an input, no mesh or BVH built over differentiable points,
+    no copy Warp left off the tape. ``args``: the arrays the function was called with;
+    ``arrays``: every array the tape recorded."""
+    sig = op.sig
+    inputs = [args[p.position] for p in sig.array_inputs]
+    launches = tape_launches(tape)
+    for k in recorded_kernels(tape):
+        if not k.options.get("enable_backward", k.module.options.get("enable_backward", True)):
+            raise fail(op.name, f"cannot differentiate: kernel '{k.key}' was compiled with enable_backward=False")
+    _check_input_writes(op, launches, inputs)
+    _check_geometry(op, tape, launches, inputs)
+    outputs = {p.name: args[len(sig.inputs) + j] for j, p in enumerate(sig.outputs) if p.is_float}
+    named = {p.name: a for p, a in zip(sig.array_inputs, inputs)} | outputs
+    _check_unrecorded_copies(op, tape, launches, arrays, named, outputs)
+    found: tuple = ()
+    for k in recorded_kernels(tape):
+        if not op.trusts(k):
+            found += tuple(h for h in _adjoint.kernel_hazards(k) if not op.trusts(h.kernel))
+    if found:
+        raise WarpBridgeError(_adjoint.refusal(op.name, found))
+
+
+def _check_input_writes(op: Any, launches: list[RecordedLaunch], inputs: Sequence[Any]) -> None:
+    spans = [(p.name, span(a)) for p, a in zip(op.sig.array_inputs, inputs)]
+    for launch in launches:
+        writes = _adjoint.kernel_accesses(launch.kernel).writes
+        for label, a in launch.args:
+            if label not in writes or not isinstance(a, wp.array):
+                continue
+            hit = [name for name, memory in spans if overlap(memory, span(a))]
+            if hit:
+                raise input_written(op.name, op.sig.func, hit, launch.kernel.key)
+
+
+def _check_geometry(op: Any, tape: KeepingTape, launches: list[RecordedLaunch], inputs: Sequence[Any]) -> None:
+    """Warp's adjoint never reaches a mesh's or BVH's points: refuse one built over points that
+    depend on an input receiving a gradient."""
+    used = {v for launch in launches for _, v in launch.args if isinstance(v, int)}
+    queried = [obj for obj in tape.kept_objects() if _geometry_points(obj) and obj.id in used]
+    if not queried:
+        return
+    tainted = [span(a) for a in inputs if a.grad is not None]
+    for launch in launches:  # what depends on those inputs, launch by launch
+        acc = _adjoint.kernel_accesses(launch.kernel)
+        arrays = [(label, a) for label, a in launch.args if isinstance(a, wp.array)]
+        read = [span(a) for label, a in arrays if label in acc.reads | acc.unknown]
+        if any(overlap(r, t) for r in read for t in tainted):
+            tainted += [span(a) for label, a in arrays if label in acc.writes]
+    for obj in queried:
+        if any(overlap(span(p), t) for p in _geometry_points(obj) for t in tainted):
+            raise fail(
+                op.name,
+                f"cannot differentiate: launch function {op.sig.func.__name__}() queries a {type(obj).__name__} "
+                "built over points that depend on a differentiable input, and Warp's adjoint never reaches a "
+                f"{type(obj).__name__}'s points (their gradient would be zero). Give the op its own backward "
+                "(@op.backward, see docs/custom-backward.md), or pass the points without requires_grad",
+            )
+
+
+def _check_unrecorded_copies(
+    op: Any, tape: Any, launches: list[RecordedLaunch], arrays: Sequence[Any], named: dict, outputs: dict
+) -> None:
+    """Warp records a copy (``wp.copy``, ``.assign()``, ``wp.clone``) only between arrays that
+    both have a gradient: a copy into or out of one made without ``requires_grad`` cuts the
+    gradient silently. Refuse where the recording shows one: an array without a gradient that
+    no recorded launch writes, or an output nothing recorded writes, holding a copy of the
+    values of another array of the recording (all-zero arrays prove nothing and pass)."""
+    written = [span(a) for launch in launches for label, a in launch.args if label in _writes(launch.kernel)]
+    written += [span(a) for a in tape.gradients]  # recorded copies' arrays
+    ends = [span(a) for a in named.values()]
+    bare = [a for a in arrays if a.grad is None and floating(a.dtype) and not any(overlap(span(a), e) for e in ends)]
+    unwritten = [(None, a) for a in bare] + list(outputs.items())
+    sources = [(n, a) for n, a in named.items()] + [(None, a) for a in arrays]
+    for name, a in unwritten:
+        if not a.size or any(overlap(span(a), w) for w in written):
+            continue
+        copied = _copied_from(a, sources)
+        if copied is not None:
+            raise _unrecorded_copy(op, name, a, copied)
+
+
+def _writes(kernel: Any) -> set:
+    acc = _adjoint.kernel_accesses(kernel)
+    return acc.writes | acc.unknown
+
+
+def _copied_from(a: Any, sources: Sequence[tuple]) -> tuple | None:
+    """The (name or None, array) among ``sources`` whose values hold all of ``a``'s (None: none,
+    or ``a`` is all zeros)."""
+    values = host_bytes(a)
+    if not values.strip(b"\0"):
+        return None
+    for name, s in sources:
+        if s is not a and s.size and floating(s.dtype) and values in host_bytes(s):
+            return name, s
+    return None
+
+
+def _unrecorded_copy(op: Any, output: str | None, a: Any, source: tuple) -> WarpBridgeError:
+    name, s = source
+    what = f"argument '{name}'" if name else f"a {_described(s)}"
+    fix = "Make the arrays it copies to and from with requires_grad=True (`wp.zeros(..., requires_grad=True)`, `wp.clone(x)`)"
+    if output is None:
+        done = f"reads a {_described(a)} made without requires_grad that holds a copy of {what}"
+    else:
+        done = f"fills its output '{output}' with a copy of {what}, which has no gradient"
+    return fail(
+        op.name,
+        f"cannot differentiate: launch function {op.sig.func.__name__}() {done}; Warp's tape records no copy "
+        f"(wp.copy, .assign(), wp.clone(..., requires_grad=False)) between arrays without gradients, so the "
+        f"gradient through it would be lost. {fix}",
+    )
+
+
+def _described(a: Any) -> str:
+    return f"{getattr(a.dtype, '__name__', a.dtype)} array of shape {tuple(a.shape)}"
+
+
+def _geometry_points(obj: Any) -> list:
+    if isinstance(obj, wp.Mesh):
+        return [obj.points]
+    if isinstance(obj, wp.Bvh):
+        return [obj.lowers, obj.uppers]
+    return []
+
+
+def span(a: Any) -> tuple[int, int]:
+    """The bytes an array can touch: [first, end)."""
+    if a is None or not a.size or not a.ptr:
+        return (0, 0)
+    last = sum((n - 1) * s for n, s in zip(a.shape, a.strides))
+    return (a.ptr, a.ptr + last + wp.types.type_size_in_bytes(a.dtype))
+
+
+def overlap(x: tuple[int, int], y: tuple[int, int]) -> bool:
+    return x[0] < y[1] and y[0] < x[1]
+
+
+_FLOATS = (wp.float16, wp.bfloat16, wp.float32, wp.float64)
+
+
+def floating(dtype: Any) -> bool:
+    return getattr(dtype, "_wp_scalar_type_", dtype) in _FLOATS
