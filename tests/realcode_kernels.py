@@ -356,3 +356,57 @@ def zero_forces_and_a_table(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
     s = wp.zeros(x.shape[0], dtype=f64, device=x.device)
     wp.launch(axpy_into, dim=x.shape[0], inputs=[x, forces, f64(3.0), s])
     wp.launch(axpy_into, dim=x.shape[0], inputs=[s, table, f64(2.0), y])
+
+
+def total_by_array_sum(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """The loss reduced with ``wp.utils.array_sum``: a native call Warp's tape never sees."""
+    s = wp.zeros(x.shape[0], dtype=f64, device=x.device)
+    wp.launch(square_into, dim=x.shape[0], inputs=[x, s])
+    wp.utils.array_sum(s, out=y)
+
+
+def squares_and_ones(x: wp.array(dtype=f64), y: wp.array(dtype=f64), ones: wp.array(dtype=f64)):
+    """A second output filled with a constant outside the tape."""
+    wp.launch(square_into, dim=x.shape[0], inputs=[x, y])
+    ones.fill_(f64(1.0))
+
+
+@wp.kernel
+def square_gathered(x: wp.indexedarray(dtype=f64), y: wp.array(dtype=f64)):
+    i = wp.tid()
+    y[i] = x[i] * x[i]
+
+
+def square_through_an_indexedarray(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    picked = wp.array([0, 2], dtype=wp.int32, device=x.device)
+    wp.launch(square_gathered, dim=2, inputs=[wp.indexedarray(x, [picked]), y])
+
+
+# -- structs: their array fields copy the gradient pointers when set ---------------------------
+
+
+@wp.struct
+class Pair:
+    x: wp.array(dtype=f64)
+    s: wp.array(dtype=f64)
+
+
+@wp.kernel
+def triple_into_scratch(p: Pair):
+    i = wp.tid()
+    p.s[i] = f64(3.0) * p.x[i]
+
+
+@wp.kernel
+def square_scratch(p: Pair, y: wp.array(dtype=f64)):
+    i = wp.tid()
+    y[i] = p.s[i] * p.s[i]
+
+
+def through_a_struct(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """An input, its slice and a scratch array without requires_grad, all held by a struct."""
+    p = Pair()
+    p.x = x[1:]
+    p.s = wp.zeros(x.shape[0] - 1, dtype=f64, device=x.device)
+    wp.launch(triple_into_scratch, dim=y.shape[0], inputs=[p])
+    wp.launch(square_scratch, dim=y.shape[0], inputs=[p, y])

@@ -23,6 +23,7 @@ VIEWS = [  # (function, input shape, output_dims)
     (K.square_through_a_pointer, (5,), None),
     (K.copy_with_gradients, (5,), None),
     (K.zero_forces_and_a_table, (5,), None),
+    (K.through_a_struct, (5,), (4,)),
 ]
 
 
@@ -100,19 +101,42 @@ def test_a_pointer_view_over_two_arguments_is_refused():
         (K.copy_into_plain_zeros, None, r"reads a float64 array of shape \(5,\) made without requires_grad that holds a copy of argument 'x'"),
         (K.assign_into_empty, None, "holds a copy of argument 'x'"),
         (K.clone_without_grad, (4,), r"shape \(4,\) made without requires_grad that holds a copy of argument 'x'"),
-        (K.copy_out_of_plain_zeros, None, "fills its output 'y' with a copy of a float64 array of shape"),
+        (K.copy_out_of_plain_zeros, None, "fills its output 'y' outside Warp's tape: no recorded launch or copy"),
+        (K.total_by_array_sum, (1,), "fills its output 'y' outside Warp's tape"),
     ],
-    ids=["wp.copy", "assign", "wp.clone", "copy out"],
+    ids=["wp.copy", "assign", "wp.clone", "copy out", "array_sum"],
 )  # fmt: skip
 def test_a_copy_warps_tape_leaves_off_is_refused(fn, dims, message, recompute):
     op = wb.op(fn, output_dims=dims, recompute=recompute)
     x = _values((5,), seed=5).requires_grad_()
     y = op(x)
-    torch.testing.assert_close(y, (x.detach()[-y.shape[0] :]) ** 2)  # the forward is right
+    want = x.detach() ** 2
+    torch.testing.assert_close(y, want.sum(0, keepdim=True) if dims == (1,) else want[-y.shape[0] :])
     with pytest.raises(wb.WarpBridgeError, match=message) as e:
         y.sum().backward()
     assert "requires_grad=True" in str(e.value)
     assert x.grad is None
+
+
+def test_an_output_filled_outside_the_tape_is_refused_only_when_a_gradient_reaches_it():
+    op = wb.op(K.squares_and_ones, num_outputs=2)
+    x = _values((4,), seed=7).requires_grad_()
+    y, ones = op(x)
+    y.sum().backward(retain_graph=True)  # no gradient comes into `ones`
+    torch.testing.assert_close(x.grad, 2 * x.detach())
+    with pytest.raises(wb.WarpBridgeError, match="fills its output 'ones' outside Warp's tape"):
+        (y + ones).sum().backward()
+
+
+def test_an_indexedarray_in_a_launch_function_is_refused():
+    op = wb.op(K.square_through_an_indexedarray, output_dims=(2,))
+    x = _values((3,), seed=8).requires_grad_()
+    y = op(x)
+    torch.testing.assert_close(y, x.detach()[[0, 2]] ** 2)
+    with pytest.raises(
+        wb.WarpBridgeError, match="passes a wp.indexedarray as argument 'x' of kernel 'square_gathered'"
+    ):
+        y.sum().backward()
 
 
 def test_views_and_copies_from_jax():

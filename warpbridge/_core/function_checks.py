@@ -13,7 +13,7 @@ import warp as wp
 from . import adjoint_check as _adjoint
 from .errors import WarpBridgeError, fail
 from .plan import host_bytes
-from .warp_runtime import KeepingTape, RecordedLaunch, recorded_kernels, tape_launches
+from .warp_runtime import KeepingTape, RecordedLaunch, launch_arrays, recorded_kernels, tape_launches
 
 
 def input_written(op_name: str, func: Any, names: Sequence[str], kernel: str = "") -> WarpBridgeError:
@@ -27,36 +27,58 @@ def input_written(op_name: str, func: Any, names: Sequence[str], kernel: str = "
     )
 
 
-def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], arrays: Sequence[Any]) -> None:
+def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], arrays: Sequence[Any]) -> dict:
     """Rule 7 for launch functions, before the tape's first backward: no kernel with a hazard
     (unless trusted), no write into an input, no mesh or BVH built over differentiable points,
     no copy Warp left off the tape. ``args``: the arrays the function was called with;
-    ``arrays``: every array the tape recorded."""
+    ``arrays``: every array the tape recorded. Returns the outputs filled outside the tape
+    (name: array), for :func:`check_untaped_outputs` at each backward."""
     sig = op.sig
     inputs = [args[p.position] for p in sig.array_inputs]
     launches = tape_launches(tape)
     for k in recorded_kernels(tape):
         if not k.options.get("enable_backward", k.module.options.get("enable_backward", True)):
             raise fail(op.name, f"cannot differentiate: kernel '{k.key}' was compiled with enable_backward=False")
+    _check_taped_kinds(op, launches)
     _check_input_writes(op, launches, inputs)
     _check_geometry(op, tape, launches, inputs)
     outputs = {p.name: args[len(sig.inputs) + j] for j, p in enumerate(sig.outputs) if p.is_float}
     named = {p.name: a for p, a in zip(sig.array_inputs, inputs)} | outputs
-    _check_unrecorded_copies(op, tape, launches, arrays, named, outputs)
+    written = [span(a) for launch in launches for label, a in launch_arrays(launch) if label in _writes(launch.kernel)]
+    written += [span(a) for a in tape.gradients]  # recorded copies' arrays
+    _check_unrecorded_copies(op, arrays, named, written)
     found: tuple = ()
     for k in recorded_kernels(tape):
         if not op.trusts(k):
             found += tuple(h for h in _adjoint.kernel_hazards(k) if not op.trusts(h.kernel))
     if found:
         raise WarpBridgeError(_adjoint.refusal(op.name, found))
+    return _untaped_outputs(outputs, written)
+
+
+_UNTAPED = (wp.indexedarray, wp.fabricarray, wp.indexedfabricarray)
+
+
+def _check_taped_kinds(op: Any, launches: list[RecordedLaunch]) -> None:
+    """Warp's tape has no adjoint for an indexed or fabric array argument (its backward fails)."""
+    for launch in launches:
+        for label, a in launch.args:
+            if isinstance(a, _UNTAPED):
+                raise fail(
+                    op.name,
+                    f"cannot differentiate: launch function {op.sig.func.__name__}() passes a wp.{type(a).__name__} "
+                    f"as argument '{label}' of kernel '{launch.kernel.key}', and Warp's tape has no adjoint for "
+                    "one. Pass the array and its indices to the kernel and index inside it, or give the op "
+                    "its own backward (@op.backward)",
+                )
 
 
 def _check_input_writes(op: Any, launches: list[RecordedLaunch], inputs: Sequence[Any]) -> None:
     spans = [(p.name, span(a)) for p, a in zip(op.sig.array_inputs, inputs)]
     for launch in launches:
         writes = _adjoint.kernel_accesses(launch.kernel).writes
-        for label, a in launch.args:
-            if label not in writes or not isinstance(a, wp.array):
+        for label, a in launch_arrays(launch):
+            if label not in writes:
                 continue
             hit = [name for name, memory in spans if overlap(memory, span(a))]
             if hit:
@@ -73,7 +95,7 @@ def _check_geometry(op: Any, tape: KeepingTape, launches: list[RecordedLaunch], 
     tainted = [span(a) for a in inputs if a.grad is not None]
     for launch in launches:  # what depends on those inputs, launch by launch
         acc = _adjoint.kernel_accesses(launch.kernel)
-        arrays = [(label, a) for label, a in launch.args if isinstance(a, wp.array)]
+        arrays = launch_arrays(launch)
         read = [span(a) for label, a in arrays if label in acc.reads | acc.unknown]
         if any(overlap(r, t) for r in read for t in tainted):
             tainted += [span(a) for label, a in arrays if label in acc.writes]
@@ -88,26 +110,57 @@ def _check_geometry(op: Any, tape: KeepingTape, launches: list[RecordedLaunch], 
             )
 
 
-def _check_unrecorded_copies(
-    op: Any, tape: Any, launches: list[RecordedLaunch], arrays: Sequence[Any], named: dict, outputs: dict
-) -> None:
+def _check_unrecorded_copies(op: Any, arrays: Sequence[Any], named: dict, written: list) -> None:
     """Warp records a copy (``wp.copy``, ``.assign()``, ``wp.clone``) only between arrays that
-    both have a gradient: a copy into or out of one made without ``requires_grad`` cuts the
-    gradient silently. Refuse where the recording shows one: an array without a gradient that
-    no recorded launch writes, or an output nothing recorded writes, holding a copy of the
-    values of another array of the recording (all-zero arrays prove nothing and pass)."""
-    written = [span(a) for launch in launches for label, a in launch.args if label in _writes(launch.kernel)]
-    written += [span(a) for a in tape.gradients]  # recorded copies' arrays
+    both have a gradient: a copy into an array made without ``requires_grad`` cuts the gradient
+    silently. Refuse where the recording shows one: an array without a gradient that no
+    recorded launch writes holding a copy of another recorded array's values (an array of
+    zeros proves nothing and passes: zero forces a kernel only reads are common)."""
     ends = [span(a) for a in named.values()]
-    bare = [a for a in arrays if a.grad is None and floating(a.dtype) and not any(overlap(span(a), e) for e in ends)]
-    unwritten = [(None, a) for a in bare] + list(outputs.items())
-    sources = [(n, a) for n, a in named.items()] + [(None, a) for a in arrays]
-    for name, a in unwritten:
-        if not a.size or any(overlap(span(a), w) for w in written):
+    sources = list(named.items()) + [(None, a) for a in arrays]
+    for a in arrays:
+        if a.grad is not None or not a.size or not floating(a.dtype):
+            continue
+        if any(overlap(span(a), m) for m in ends + written):
             continue
         copied = _copied_from(a, sources)
         if copied is not None:
-            raise _unrecorded_copy(op, name, a, copied)
+            name, s = copied
+            what = f"argument '{name}'" if name else f"a {_described(s)}"
+            raise fail(
+                op.name,
+                f"cannot differentiate: launch function {op.sig.func.__name__}() reads a {_described(a)} made "
+                f"without requires_grad that holds a copy of {what}; Warp's tape records no copy (wp.copy, "
+                ".assign(), wp.clone(..., requires_grad=False)) into an array without a gradient, so the "
+                "gradient through it would be lost. Make it with requires_grad=True "
+                "(`wp.zeros(..., requires_grad=True)`, `wp.clone(x)`)",
+            )
+
+
+def _untaped_outputs(outputs: dict, written: list) -> dict:
+    """The floating outputs nothing on the tape writes but that hold values: filled outside it
+    (``wp.utils.array_sum``, ``array_scan``, ``.fill_()``, a copy from an array without a
+    gradient), so the tape cannot carry their gradients."""
+    return {
+        name: y
+        for name, y in outputs.items()
+        if y.size and not any(overlap(span(y), m) for m in written) and host_bytes(y).strip(b"\0")
+    }
+
+
+def check_untaped_outputs(op: Any, untaped: dict) -> None:
+    """Refuse a backward that sends a gradient into an output filled outside the tape."""
+    for name, y in untaped.items():
+        if y.grad is not None and host_bytes(y.grad).strip(b"\0"):
+            raise fail(
+                op.name,
+                f"cannot differentiate: launch function {op.sig.func.__name__}() fills its output '{name}' "
+                "outside Warp's tape: no recorded launch or copy writes it (wp.utils.array_sum, array_scan, "
+                ".fill_(), .assign() from host data and copies from an array without a gradient record "
+                "nothing), so its gradient cannot reach the inputs. Compute it with a kernel, or copy it from "
+                "an array made with requires_grad=True; if its values do not depend on the inputs, detach it "
+                "before the loss",
+            )
 
 
 def _writes(kernel: Any) -> set:
@@ -125,22 +178,6 @@ def _copied_from(a: Any, sources: Sequence[tuple]) -> tuple | None:
         if s is not a and s.size and floating(s.dtype) and values in host_bytes(s):
             return name, s
     return None
-
-
-def _unrecorded_copy(op: Any, output: str | None, a: Any, source: tuple) -> WarpBridgeError:
-    name, s = source
-    what = f"argument '{name}'" if name else f"a {_described(s)}"
-    fix = "Make the arrays it copies to and from with requires_grad=True (`wp.zeros(..., requires_grad=True)`, `wp.clone(x)`)"
-    if output is None:
-        done = f"reads a {_described(a)} made without requires_grad that holds a copy of {what}"
-    else:
-        done = f"fills its output '{output}' with a copy of {what}, which has no gradient"
-    return fail(
-        op.name,
-        f"cannot differentiate: launch function {op.sig.func.__name__}() {done}; Warp's tape records no copy "
-        f"(wp.copy, .assign(), wp.clone(..., requires_grad=False)) between arrays without gradients, so the "
-        f"gradient through it would be lost. {fix}",
-    )
 
 
 def _described(a: Any) -> str:

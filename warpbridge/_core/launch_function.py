@@ -14,10 +14,10 @@ from typing import Any
 import warp as wp
 
 from .errors import fail
-from .function_checks import check_recorded, floating, input_written, overlap, span
+from .function_checks import check_recorded, check_untaped_outputs, floating, input_written, overlap, span
 from .plan import KernelPlan, Plan, host_bytes
 from .signature import Param, Signature
-from .warp_runtime import LOAD_LOCK, KeepingTape, tape_arrays, tape_launches
+from .warp_runtime import LOAD_LOCK, KeepingTape, refresh_struct_fields, struct_fields, tape_arrays
 
 
 def _wrap(p: Param, device: Any, ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
@@ -115,7 +115,9 @@ class Recording:
         self.args = args
         self.placeholders = placeholders  # the forward's gradient buffers of the inputs and outputs
         self.checked = False  # rule 7 passed once: the recorded launches do not change
-        self.arrays: list | None = None  # every array the tape recorded (read before its first backward)
+        self.arrays: list = []  # every array the tape recorded (read before its first backward)
+        self.fields: list = []  # the array fields of the structs its launches took
+        self.untaped: dict = {}  # outputs filled outside the tape: no gradient may come into them
         self.passes = 0  # backwards run through the tape
         self.lock = threading.Lock()  # one backward at a time: they share the gradients
 
@@ -141,17 +143,19 @@ def run_recorded_adjoint(
         aliases: list = []
         try:
             if not rec.checked:
-                rec.arrays = tape_arrays(tape)
-                check_recorded(op, tape, rec.args, rec.arrays)
+                rec.arrays, rec.fields = tape_arrays(tape), struct_fields(tape)
+                rec.untaped = check_recorded(op, tape, rec.args, rec.arrays)
                 rec.checked = True
+            check_untaped_outputs(op, rec.untaped)
             aliases = _alias_gradients(op, rec.arrays, [a for a, _, _ in ends])
             skip = {id(a) for a, _, _ in ends} | {id(a) for a in aliases}
             if rec.passes:  # an earlier backward left values in every intermediate gradient
-                _zero_intermediate_gradients(tape, skip)
+                _zero_intermediate_gradients(rec.arrays, skip)
             else:  # the forward made them zeroed, but for copies of the placeholders' content
                 _zero_copied_gradients(tape, skip)
             rec.passes += 1
-            owned = own_gradients(tape)
+            owned = own_gradients(rec.arrays)
+            refresh_struct_fields(rec.fields)
             tape.backward()
             for a, target, _ in ends:
                 if target is not None:  # a gradient laid out unlike its buffer: copied back
@@ -159,6 +163,7 @@ def run_recorded_adjoint(
         finally:
             for a in [a for a, _, _ in ends] + aliases + owned[1:]:
                 a.grad = None  # the next backward starts from fresh zeros; a global array gets its state back
+            refresh_struct_fields(rec.fields)
             tape.gradients = {}  # no reference to this backward's buffers survives it
 
 
@@ -252,12 +257,11 @@ def _zero_copied_gradients(tape: Any, ends: set[int]) -> None:
             a.grad.zero_()
 
 
-def _zero_intermediate_gradients(tape: Any, ends: set[int]) -> None:
+def _zero_intermediate_gradients(arrays: list, ends: set[int]) -> None:
     """Zero what an earlier backward left in the gradients of the tape's other arrays."""
-    for launch in tape_launches(tape):
-        for _, a in launch.args:
-            if isinstance(a, wp.array) and a.grad is not None and id(a) not in ends:
-                a.grad.zero_()
+    for a in arrays:
+        if a.grad is not None and id(a) not in ends:
+            a.grad.zero_()
 
 
 def run_function_adjoint(
@@ -293,19 +297,15 @@ def first_run(plan: Any, which: int):
         plan.warm[which] = True
 
 
-def own_gradients(tape: Any) -> list:
-    """Give each floating array the tape's launches use and that has no gradient one, zeroed.
+def own_gradients(arrays: list) -> list:
+    """Give each floating array of ``arrays`` (a tape's) that has no gradient one, zeroed.
 
     Arrays over overlapping memory (a scratch array and its views) share one gradient buffer
     laid out like their memory, so a gradient written through one view is read through the
     others. Returns the buffers first, then the arrays given a gradient.
     """
-    bare: dict[int, Any] = {}
-    for launch in tape_launches(tape):
-        for _, a in launch.args:
-            if isinstance(a, wp.array) and a.grad is None and a.size and floating(a.dtype):
-                bare.setdefault(id(a), a)
-    arrays = sorted(bare.values(), key=lambda a: span(a)[0])
+    bare = [a for a in arrays if a.grad is None and a.size and floating(a.dtype)]
+    arrays = sorted(bare, key=lambda a: span(a)[0])
     buffers, group, end = [], [], 0
     for a in arrays + [None]:
         memory = span(a) if a is not None else (end, end)

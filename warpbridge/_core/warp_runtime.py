@@ -300,13 +300,57 @@ class KeepingTape(wp.Tape):
 
 
 def tape_arrays(tape: Any) -> list:
-    """Every array ``tape`` recorded, once: its launches' and its recorded functions' (the
-    copies ``wp.copy`` records keep their arrays in ``tape.gradients``)."""
+    """Every array ``tape`` recorded, once: its launches' (struct fields included) and its
+    recorded functions' (the copies ``wp.copy`` records keep their arrays in ``tape.gradients``)."""
     found = {id(a): a for launch in tape_launches(tape) for _, a in launch.args if isinstance(a, wp.array)}
+    for _, _, a in struct_fields(tape):
+        found.setdefault(id(a), a)
     for a in tape.gradients:
         if isinstance(a, wp.array):
             found.setdefault(id(a), a)
     return list(found.values())
+
+
+def launch_arrays(launch: RecordedLaunch) -> list:
+    """(parameter label, array) for each array ``launch`` took, a struct's array fields under
+    the struct parameter's label."""
+    found = []
+    for label, a in launch.args:
+        if isinstance(a, wp.array):
+            found.append((label, a))
+        else:
+            fields: list = []
+            _add_struct_fields(a, fields)
+            found.extend((label, f) for _, _, f in fields)
+    return found
+
+
+def struct_fields(tape: Any) -> list:
+    """(struct, field name, array) for every array field of the structs ``tape``'s launches
+    took, nested structs' too."""
+    found: list = []
+    for launch in tape_launches(tape):
+        for _, a in launch.args:
+            _add_struct_fields(a, found)
+    return found
+
+
+def _add_struct_fields(value: Any, found: list) -> None:
+    if not wp._src.types.is_struct(value):
+        return
+    for name in value._cls.vars:
+        field = getattr(value, name, None)
+        if isinstance(field, wp.array):
+            found.append((value, name, field))
+        else:
+            _add_struct_fields(field, found)
+
+
+def refresh_struct_fields(fields: list) -> None:
+    """Set each struct's array fields again: a struct copies an array's gradient pointer when
+    the array is set, and the adjoint reads that copy."""
+    for struct, name, a in fields:
+        setattr(struct, name, a)
 
 
 def recorded_kernels(tape: Any) -> list:
