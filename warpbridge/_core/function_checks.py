@@ -13,7 +13,7 @@ import warp as wp
 from . import adjoint_check as _adjoint
 from .errors import WarpBridgeError, fail
 from .plan import host_bytes
-from .warp_runtime import KeepingTape, RecordedLaunch, launch_arrays, recorded_kernels, tape_launches
+from .warp_runtime import KeepingTape, RecordedLaunch, TapeContents, recorded_kernels
 
 
 def input_written(op_name: str, func: Any, names: Sequence[str], kernel: str = "") -> WarpBridgeError:
@@ -27,16 +27,17 @@ def input_written(op_name: str, func: Any, names: Sequence[str], kernel: str = "
     )
 
 
-def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], arrays: Sequence[Any]) -> dict:
+def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: TapeContents) -> dict:
     """Rule 7 for launch functions, before the tape's first backward: no kernel with a hazard
     (unless trusted), no write into an input, no mesh or BVH built over differentiable points,
     no copy Warp left off the tape. ``args``: the arrays the function was called with;
-    ``arrays``: every array the tape recorded. Returns the outputs filled outside the tape
+    ``contents``: what the tape recorded. Returns the outputs filled outside the tape
     (name: array), for :func:`check_untaped_outputs` at each backward."""
     sig = op.sig
     inputs = [args[p.position] for p in sig.array_inputs]
-    launches = tape_launches(tape)
-    for k in recorded_kernels(tape):
+    launches = contents.launches
+    kernels = recorded_kernels(launches)
+    for k in kernels:
         if not k.options.get("enable_backward", k.module.options.get("enable_backward", True)):
             raise fail(op.name, f"cannot differentiate: kernel '{k.key}' was compiled with enable_backward=False")
     _check_taped_kinds(op, launches)
@@ -44,11 +45,11 @@ def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], arrays: Sequ
     _check_geometry(op, tape, launches, inputs)
     outputs = {p.name: args[len(sig.inputs) + j] for j, p in enumerate(sig.outputs) if p.is_float}
     named = {p.name: a for p, a in zip(sig.array_inputs, inputs)} | outputs
-    written = [span(a) for launch in launches for label, a in launch_arrays(launch) if label in _writes(launch.kernel)]
+    written = [span(a) for launch in launches for label, a in launch.arrays if label in _writes(launch.kernel)]
     written += [span(a) for a in tape.gradients]  # recorded copies' arrays
-    _check_unrecorded_copies(op, arrays, named, written)
+    _check_unrecorded_copies(op, contents.arrays, named, written)
     found: tuple = ()
-    for k in recorded_kernels(tape):
+    for k in kernels:
         if not op.trusts(k):
             found += tuple(h for h in _adjoint.kernel_hazards(k) if not op.trusts(h.kernel))
     if found:
@@ -77,7 +78,7 @@ def _check_input_writes(op: Any, launches: list[RecordedLaunch], inputs: Sequenc
     spans = [(p.name, span(a)) for p, a in zip(op.sig.array_inputs, inputs)]
     for launch in launches:
         writes = _adjoint.kernel_accesses(launch.kernel).writes
-        for label, a in launch_arrays(launch):
+        for label, a in launch.arrays:
             if label not in writes:
                 continue
             hit = [name for name, memory in spans if overlap(memory, span(a))]
@@ -95,7 +96,7 @@ def _check_geometry(op: Any, tape: KeepingTape, launches: list[RecordedLaunch], 
     tainted = [span(a) for a in inputs if a.grad is not None]
     for launch in launches:  # what depends on those inputs, launch by launch
         acc = _adjoint.kernel_accesses(launch.kernel)
-        arrays = launch_arrays(launch)
+        arrays = launch.arrays
         read = [span(a) for label, a in arrays if label in acc.reads | acc.unknown]
         if any(overlap(r, t) for r in read for t in tainted):
             tainted += [span(a) for label, a in arrays if label in acc.writes]

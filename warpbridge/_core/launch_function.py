@@ -17,7 +17,7 @@ from .errors import fail
 from .function_checks import check_recorded, check_untaped_outputs, floating, input_written, overlap, span
 from .plan import KernelPlan, Plan, host_bytes
 from .signature import Param, Signature
-from .warp_runtime import LOAD_LOCK, KeepingTape, refresh_struct_fields, struct_fields, tape_arrays
+from .warp_runtime import LOAD_LOCK, KeepingTape, refresh_struct_fields, tape_contents
 
 
 def _wrap(p: Param, device: Any, ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
@@ -79,6 +79,9 @@ def _mirror(a: Any, zeroed: bool = True) -> Any:
     so that Warp records the copies the function makes of them (``wp.clone(x)``); the backward
     replaces it, and zeroes the gradients those copies copied from it.
     """
+    if a.is_contiguous:
+        a.grad = (wp.zeros if zeroed else wp.empty)(a.shape, dtype=a.dtype, device=a.device)
+        return a.grad
     return _shared_gradient([a], zeroed)
 
 
@@ -143,8 +146,9 @@ def run_recorded_adjoint(
         aliases: list = []
         try:
             if not rec.checked:
-                rec.arrays, rec.fields = tape_arrays(tape), struct_fields(tape)
-                rec.untaped = check_recorded(op, tape, rec.args, rec.arrays)
+                contents = tape_contents(tape)
+                rec.arrays, rec.fields = contents.arrays, contents.fields
+                rec.untaped = check_recorded(op, tape, rec.args, contents)
                 rec.checked = True
             check_untaped_outputs(op, rec.untaped)
             aliases = _alias_gradients(op, rec.arrays, [a for a, _, _ in ends])
@@ -170,18 +174,14 @@ def run_recorded_adjoint(
 def _attach_end_gradients(plan: Plan, args: list, in_grads: Sequence[int], out_grads: Sequence) -> list:
     """Give the recorded inputs and outputs this backward's gradient buffers: (array, buffer to
     copy the gradient into afterwards, or None)."""
-    sig, dev = plan.sig, plan.device
+    sig = plan.sig
     ends = []
     for k, p in enumerate(sig.array_inputs):
         a = args[p.position]
-        grad = None
-        if in_grads[k]:
-            grad = _wrap(p, dev, in_grads[k], a.shape, plan.in_grad_strides[k])
-        ends.append(_end_gradient(a, grad, zeroed=True))
+        ends.append(_end_gradient(p, a, in_grads[k], plan.in_grad_strides[k], zeroed=True))
     for j, p in enumerate(sig.outputs):
-        a = args[len(sig.inputs) + j]
         gptr, gstrides = out_grads[j]
-        ends.append(_end_gradient(a, _wrap(p, dev, gptr, a.shape, gstrides), zeroed=False))
+        ends.append(_end_gradient(p, args[len(sig.inputs) + j], gptr, gstrides, zeroed=False))
     return ends
 
 
@@ -234,15 +234,17 @@ def _gradient_view(end: Any, v: Any) -> Any:
     )
 
 
-def _end_gradient(a: Any, grad: Any, zeroed: bool) -> tuple[Any, Any, Any]:
-    if grad is None:
+def _end_gradient(p: Param, a: Any, ptr: int, strides: Sequence[int], zeroed: bool) -> tuple[Any, Any, Any]:
+    """Give ``a`` the gradient buffer at ``ptr`` (0: none) laid out with ``strides``."""
+    if not ptr:
         a.grad = None
         return a, None, None
-    if not any(n > 1 and x != y for n, x, y in zip(a.shape, a.strides, grad.strides)):
-        a.grad = wp.array(ptr=grad.ptr, dtype=grad.dtype, shape=grad.shape, strides=a.strides, device=grad.device)
+    if not any(n > 1 and x != y for n, x, y in zip(a.shape, a.strides, strides)):
+        a.grad = _wrap(p, a.device, ptr, a.shape, a.strides)
         return a, None, None
     # laid out like the array, in a buffer of its own: an incoming gradient copied in, an input
     # gradient copied out after the backward
+    grad = _wrap(p, a.device, ptr, a.shape, strides)
     buffer = _mirror(a)
     if not zeroed:
         wp.copy(a.grad, grad)

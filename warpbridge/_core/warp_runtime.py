@@ -14,7 +14,7 @@ warpbridge relies on these Warp internals (checked by :func:`check_internals`, w
   kernel's code without compiling it (:func:`build_code`);
 - ``wp.Tape.record_launch`` / ``record_func`` and the layout of ``tape.launches`` entries
   (:class:`KeepingTape`, :func:`tape_launches`);
-- ``warp._src.context.Function``, ``warp._src.codegen.Struct`` and ``warp._src.types.int_types``
+- ``warp._src.context.Function``, ``warp._src.codegen.Struct`` / ``StructInstance`` and ``warp._src.types.int_types``
   (:func:`is_user_function`, :func:`is_struct`, :data:`INT_TYPES`).
 
 Supported: warp-lang ``SUPPORTED_WARP``. The one process-wide change is the per-thread tape
@@ -50,6 +50,11 @@ def is_user_function(obj: Any) -> bool:
 def is_struct(dtype: Any) -> bool:
     """A ``wp.struct`` type."""
     return isinstance(dtype, wp._src.codegen.Struct)
+
+
+def _is_struct_value(value: Any) -> bool:
+    """A ``wp.struct`` instance."""
+    return isinstance(value, wp._src.codegen.StructInstance)
 
 
 _INIT_LOCK = threading.Lock()
@@ -206,10 +211,12 @@ def build_code(kernel: Any, options: dict) -> list:
 
 
 class RecordedLaunch(NamedTuple):
-    """One kernel launch a ``wp.Tape`` recorded: the kernel and its arguments by name."""
+    """One kernel launch a ``wp.Tape`` recorded: the kernel, its arguments by name, and the
+    arrays among them (a struct's array fields under the struct parameter's label)."""
 
     kernel: Any
     args: list  # (parameter label, argument), inputs then outputs
+    arrays: list  # (parameter label, array)
 
 
 def tape_launches(tape: Any) -> list[RecordedLaunch]:
@@ -218,7 +225,20 @@ def tape_launches(tape: Any) -> list[RecordedLaunch]:
     for entry in tape.launches:
         if isinstance(entry, (list, tuple)) and entry and isinstance(entry[0], wp.Kernel):
             labels = (a.label for a in entry[0].adj.args)
-            found.append(RecordedLaunch(entry[0], list(zip(labels, list(entry[3]) + list(entry[4])))))
+            args = list(zip(labels, list(entry[3]) + list(entry[4])))
+            found.append(RecordedLaunch(entry[0], args, _launch_arrays(args)))
+    return found
+
+
+def _launch_arrays(args: list) -> list:
+    found = []
+    for label, a in args:
+        if isinstance(a, wp.array):
+            found.append((label, a))
+        elif _is_struct_value(a):
+            fields: list = []
+            _add_struct_fields(a, fields)
+            found.extend((label, f) for _, _, f in fields)
     return found
 
 
@@ -232,6 +252,7 @@ def check_internals() -> list[str]:
         "warp._src.context.Function": lambda: isinstance(wp._src.context.Function, type),
         "warp._src.context.ModuleBuilder": lambda: hasattr(wp._src.context, "ModuleBuilder"),
         "warp._src.codegen.Struct": lambda: isinstance(wp._src.codegen.Struct, type),
+        "warp._src.codegen.StructInstance": lambda: isinstance(wp._src.codegen.StructInstance, type),
         "warp._src.codegen.Adjoint.node_visitors": lambda: ast.For in wp._src.codegen.Adjoint.node_visitors,
         "warp._src.codegen.Adjoint.materialize_redefinitions": lambda: callable(
             wp._src.codegen.Adjoint.materialize_redefinitions
@@ -299,50 +320,40 @@ class KeepingTape(wp.Tape):
         return [v for f in self.frames for v in f.f_locals.values()] + [v for d in self.kept for v in d.values()]
 
 
-def tape_arrays(tape: Any) -> list:
-    """Every array ``tape`` recorded, once: its launches' (struct fields included) and its
-    recorded functions' (the copies ``wp.copy`` records keep their arrays in ``tape.gradients``)."""
-    found = {id(a): a for launch in tape_launches(tape) for _, a in launch.args if isinstance(a, wp.array)}
-    for _, _, a in struct_fields(tape):
+class TapeContents(NamedTuple):
+    """What a launch function's tape recorded, read once before its first backward."""
+
+    launches: list  # RecordedLaunch, in order
+    arrays: list  # every array, once: the launches' (struct fields included) and the recorded copies'
+    fields: list  # (struct, field name, array) for the array fields of the structs the launches took
+
+
+def tape_contents(tape: Any) -> TapeContents:
+    """Read ``tape``'s launches, arrays and struct fields (the copies ``wp.copy`` records keep
+    their arrays in ``tape.gradients``)."""
+    launches = tape_launches(tape)
+    found: dict = {}
+    fields: list = []
+    for launch in launches:
+        for _, a in launch.args:
+            if isinstance(a, wp.array):
+                found.setdefault(id(a), a)
+            elif _is_struct_value(a):
+                _add_struct_fields(a, fields)
+    for _, _, a in fields:
         found.setdefault(id(a), a)
     for a in tape.gradients:
         if isinstance(a, wp.array):
             found.setdefault(id(a), a)
-    return list(found.values())
-
-
-def launch_arrays(launch: RecordedLaunch) -> list:
-    """(parameter label, array) for each array ``launch`` took, a struct's array fields under
-    the struct parameter's label."""
-    found = []
-    for label, a in launch.args:
-        if isinstance(a, wp.array):
-            found.append((label, a))
-        else:
-            fields: list = []
-            _add_struct_fields(a, fields)
-            found.extend((label, f) for _, _, f in fields)
-    return found
-
-
-def struct_fields(tape: Any) -> list:
-    """(struct, field name, array) for every array field of the structs ``tape``'s launches
-    took, nested structs' too."""
-    found: list = []
-    for launch in tape_launches(tape):
-        for _, a in launch.args:
-            _add_struct_fields(a, found)
-    return found
+    return TapeContents(launches, list(found.values()), fields)
 
 
 def _add_struct_fields(value: Any, found: list) -> None:
-    if not wp._src.types.is_struct(value):
-        return
     for name in value._cls.vars:
         field = getattr(value, name, None)
         if isinstance(field, wp.array):
             found.append((value, name, field))
-        else:
+        elif _is_struct_value(field):
             _add_struct_fields(field, found)
 
 
@@ -353,6 +364,6 @@ def refresh_struct_fields(fields: list) -> None:
         setattr(struct, name, a)
 
 
-def recorded_kernels(tape: Any) -> list:
-    """The kernels a ``wp.Tape`` recorded, each once, in launch order."""
-    return list(dict.fromkeys(launch.kernel for launch in tape_launches(tape)))
+def recorded_kernels(launches: list[RecordedLaunch]) -> list:
+    """The kernels of recorded ``launches``, each once, in launch order."""
+    return list(dict.fromkeys(launch.kernel for launch in launches))
