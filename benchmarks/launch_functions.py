@@ -217,18 +217,43 @@ def example_cases(seed: int = 1) -> dict:
 
 
 def interleaved(fns: dict, repeat: int, inner: int = 1) -> dict:
-    """Median over ``repeat`` rounds of each function's ms per call (the mean of ``inner``
-    calls in a row), rounds interleaved: each round runs every function."""
+    """Per function, its ms per call (the mean of ``inner`` calls in a row) in each of
+    ``repeat`` rounds. Each round runs every function, in an order reversed every other round,
+    so drift on a noisy machine hits every function alike."""
     for fn in fns.values():
         fn()  # warm: modules loaded, plans made
     times: dict = {k: [] for k in fns}
-    for _ in range(repeat):
-        for k, fn in fns.items():
+    order = list(fns)
+    for r in range(repeat):
+        for k in order if r % 2 == 0 else order[::-1]:
             t = time.perf_counter()
             for _ in range(inner):
-                fn()
+                fns[k]()
             times[k].append((time.perf_counter() - t) * 1e3 / inner)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times
+
+
+def paired_ratio(times: list, against: list) -> float:
+    """The median over rounds of one function's time over another's in the same round: the
+    ratio a noisy machine moves least."""
+    return statistics.median(a / b for a, b in zip(times, against))
+
+
+def _rows(case: str, times: dict, mem: dict) -> list:
+    """A row per way: its median ms, and against wp.Tape the ratio of medians and the paired
+    per-round ratio."""
+    tape = times["wp.Tape"]
+    return [
+        {
+            "case": case,
+            "way": way,
+            "ms": statistics.median(t),
+            "vs_tape": statistics.median(t) / statistics.median(tape),
+            "paired_vs_tape": paired_ratio(t, tape),
+            "peak_mib": mem.get(way),
+        }
+        for way, t in times.items()
+    ]
 
 
 def main() -> None:
@@ -245,22 +270,17 @@ def main() -> None:
     started = time.time()
     rows = []
     fns = rollout_cases()
-    ms = interleaved(fns, args.repeat)
+    times = interleaved(fns, args.repeat)
     mem = {k: peak_mib(fn, "cpu") for k, fn in fns.items()}
-    for k in fns:
-        rows.append({"case": f"rollout, {STEPS} steps x {N} particles", "way": k, "ms": ms[k], "peak_mib": mem[k]})
+    rows.extend(_rows(f"rollout, {STEPS} steps x {N} particles", times, mem))
     for case, case_fns in example_cases().items():
-        ms = interleaved(case_fns, args.repeat, inner=10)  # milliseconds a call: 10 in a row
-        rows.extend({"case": case, "way": k, "ms": ms[k], "peak_mib": None} for k in case_fns)
-    by_case: dict = {}
-    for r in rows:
-        by_case.setdefault(r["case"], {})[r["way"]] = r
-    for r in rows:
-        r["vs_tape"] = r["ms"] / by_case[r["case"]]["wp.Tape"]["ms"]
-    print(f"{'case':42s} {'way':32s} {'median ms':>10s} {'x wp.Tape':>10s} {'peak MiB':>9s}")
+        times = interleaved(case_fns, args.repeat, inner=10)  # milliseconds a call: 10 in a row
+        rows.extend(_rows(case, times, {}))
+    print(f"{'case':42s} {'way':32s} {'median ms':>10s} {'x wp.Tape':>10s} {'paired':>7s} {'peak MiB':>9s}")
     for r in rows:
         mib = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
-        print(f"{r['case']:42s} {r['way']:32s} {r['ms']:10.1f} {r['vs_tape']:10.2f} {mib:>9s}")
+        line = f"{r['case']:42s} {r['way']:32s} {r['ms']:10.1f} {r['vs_tape']:10.2f} {r['paired_vs_tape']:7.2f}"
+        print(f"{line} {mib:>9s}")
     machine = f"{platform.machine()}-{os.cpu_count()}cpu"
     out = {
         "date": date.today().isoformat(),
