@@ -410,3 +410,18 @@ def through_a_struct(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
     p.s = wp.zeros(x.shape[0] - 1, dtype=f64, device=x.device)
     wp.launch(triple_into_scratch, dim=y.shape[0], inputs=[p])
     wp.launch(square_scratch, dim=y.shape[0], inputs=[p, y])
+
+
+@wp.kernel
+def scale_by_table(x: wp.array(dtype=f64), table: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    i = wp.tid()
+    y[i] = x[i] * table[(i * 7) % table.shape[0]]
+
+
+TABLE = 4096
+
+
+def scaled_by_a_large_table(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """A read-only table without a gradient, larger than every other array: no copy of one."""
+    table = wp.full(TABLE, f64(1.0), dtype=f64, device=x.device)
+    wp.launch(scale_by_table, dim=x.shape[0], inputs=[x, table, y])

@@ -11,6 +11,7 @@ import torch
 import warp as wp
 
 import warpbridge as wb
+from warpbridge._core import function_checks
 
 f64 = torch.float64
 
@@ -126,6 +127,18 @@ def test_an_output_filled_outside_the_tape_is_refused_only_when_a_gradient_reach
     torch.testing.assert_close(x.grad, 2 * x.detach())
     with pytest.raises(wb.WarpBridgeError, match="fills its output 'ones' outside Warp's tape"):
         (y + ones).sum().backward()
+
+
+def test_a_table_larger_than_every_other_array_is_never_read_for_copies(monkeypatch):
+    # no other array could hold its values: the copy check reads none of its bytes
+    read = []
+    real = function_checks.host_bytes
+    monkeypatch.setattr(function_checks, "host_bytes", lambda a: read.append(a.size) or real(a))
+    op = wb.op(K.scaled_by_a_large_table)
+    x = _values((5,), seed=9).requires_grad_()
+    op(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones_like(x))
+    assert K.TABLE not in read
 
 
 def test_an_indexedarray_in_a_launch_function_is_refused():

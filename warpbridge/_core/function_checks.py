@@ -171,14 +171,23 @@ def _writes(kernel: Any) -> set:
 
 def _copied_from(a: Any, sources: Sequence[tuple]) -> tuple | None:
     """The (name or None, array) among ``sources`` whose values hold all of ``a``'s (None: none,
-    or ``a`` is all zeros)."""
+    or ``a`` is all zeros). Only sources at least as large are read: a read-only table no
+    other array could hold costs no copy."""
+    size = _nbytes(a)
+    larger = [(name, s) for name, s in sources if s is not a and s.size and floating(s.dtype) and _nbytes(s) >= size]
+    if not larger:
+        return None
     values = host_bytes(a)
     if not values.strip(b"\0"):
         return None
-    for name, s in sources:
-        if s is not a and s.size and floating(s.dtype) and values in host_bytes(s):
+    for name, s in larger:
+        if values in host_bytes(s):
             return name, s
     return None
+
+
+def _nbytes(a: Any) -> int:
+    return a.size * wp.types.type_size_in_bytes(a.dtype)
 
 
 def _described(a: Any) -> str:
