@@ -13,7 +13,7 @@ warpbridge relies on these Warp internals (checked by :func:`check_internals`, w
   (:func:`recording_loop_mutations`), and ``warp._src.context.ModuleBuilder`` to generate a
   kernel's code without compiling it (:func:`build_code`);
 - ``wp.Tape.record_launch`` / ``record_func`` and the layout of ``tape.launches`` entries
-  (:class:`KeepingTape`, :func:`tape_launches`);
+  (:class:`KeepingTape`, :func:`tape_contents`);
 - ``warp._src.context.Function``, ``warp._src.codegen.Struct`` / ``StructInstance`` and ``warp._src.types.int_types``
   (:func:`is_user_function`, :func:`is_struct`, :data:`INT_TYPES`).
 
@@ -219,29 +219,6 @@ class RecordedLaunch(NamedTuple):
     arrays: list  # (parameter label, array)
 
 
-def tape_launches(tape: Any) -> list[RecordedLaunch]:
-    """The kernel launches ``tape`` recorded, in order (recorded functions left out)."""
-    found = []
-    for entry in tape.launches:
-        if isinstance(entry, (list, tuple)) and entry and isinstance(entry[0], wp.Kernel):
-            labels = (a.label for a in entry[0].adj.args)
-            args = list(zip(labels, list(entry[3]) + list(entry[4])))
-            found.append(RecordedLaunch(entry[0], args, _launch_arrays(args)))
-    return found
-
-
-def _launch_arrays(args: list) -> list:
-    found = []
-    for label, a in args:
-        if isinstance(a, wp.array):
-            found.append((label, a))
-        elif _is_struct_value(a):
-            fields: list = []
-            _add_struct_fields(a, fields)
-            found.extend((label, f) for _, _, f in fields)
-    return found
-
-
 def check_internals() -> list[str]:
     """The Warp internals listed above that this Warp lacks (empty: all present)."""
     missing = []
@@ -329,23 +306,35 @@ class TapeContents(NamedTuple):
 
 
 def tape_contents(tape: Any) -> TapeContents:
-    """Read ``tape``'s launches, arrays and struct fields (the copies ``wp.copy`` records keep
-    their arrays in ``tape.gradients``)."""
-    launches = tape_launches(tape)
-    found: dict = {}
+    """Read ``tape``'s kernel launches (recorded functions left out), their arrays and struct
+    fields, and the arrays of the copies ``wp.copy`` recorded (kept in ``tape.gradients``)."""
+    launches: list = []
     fields: list = []
-    for launch in launches:
-        for _, a in launch.args:
-            if isinstance(a, wp.array):
-                found.setdefault(id(a), a)
-            elif _is_struct_value(a):
-                _add_struct_fields(a, fields)
-    for _, _, a in fields:
-        found.setdefault(id(a), a)
+    for entry in tape.launches:
+        if isinstance(entry, (list, tuple)) and entry and isinstance(entry[0], wp.Kernel):
+            labels = (a.label for a in entry[0].adj.args)
+            args = list(zip(labels, list(entry[3]) + list(entry[4])))
+            launches.append(RecordedLaunch(entry[0], args, _launch_arrays(args, fields)))
+    found = {id(a): a for launch in launches for _, a in launch.arrays}
     for a in tape.gradients:
         if isinstance(a, wp.array):
             found.setdefault(id(a), a)
     return TapeContents(launches, list(found.values()), fields)
+
+
+def _launch_arrays(args: list, fields: list) -> list:
+    """(label, array) for each array among ``args``, a struct's array fields under the struct
+    parameter's label; the structs' (struct, field name, array) are added to ``fields``."""
+    found = []
+    for label, a in args:
+        if isinstance(a, wp.array):
+            found.append((label, a))
+        elif _is_struct_value(a):
+            held: list = []
+            _add_struct_fields(a, held)
+            fields.extend(held)
+            found.extend((label, f) for _, _, f in held)
+    return found
 
 
 def _add_struct_fields(value: Any, found: list) -> None:
