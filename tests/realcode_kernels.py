@@ -403,6 +403,31 @@ def square_scratch(p: Pair, y: wp.array(dtype=f64)):
     y[i] = p.s[i] * p.s[i]
 
 
+@wp.struct
+class Outer:
+    pair: Pair
+    t: wp.array(dtype=f64)
+
+
+@wp.kernel
+def add_nested(o: Outer, y: wp.array(dtype=f64)):
+    i = wp.tid()
+    y[i] = o.t[i] * o.pair.x[i] + o.pair.s[i]
+
+
+def through_a_nested_struct(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """An input and scratch arrays held by a struct inside a struct."""
+    p = Pair()
+    p.x = x
+    p.s = wp.zeros(x.shape[0], dtype=f64, device=x.device)
+    o = Outer()
+    o.pair = p
+    o.t = wp.zeros(x.shape[0], dtype=f64, device=x.device)
+    wp.launch(triple_into_scratch, dim=x.shape[0], inputs=[p])
+    wp.launch(square_into, dim=x.shape[0], inputs=[x, o.t])
+    wp.launch(add_nested, dim=x.shape[0], inputs=[o, y])
+
+
 def through_a_struct(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
     """An input, its slice and a scratch array without requires_grad, all held by a struct."""
     p = Pair()

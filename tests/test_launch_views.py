@@ -25,6 +25,7 @@ VIEWS = [  # (function, input shape, output_dims)
     (K.copy_with_gradients, (5,), None),
     (K.zero_forces_and_a_table, (5,), None),
     (K.through_a_struct, (5,), (4,)),
+    (K.through_a_nested_struct, (5,), None),
 ]
 
 
