@@ -27,12 +27,13 @@ def input_written(op_name: str, func: Any, names: Sequence[str], kernel: str = "
     )
 
 
-def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: TapeContents) -> dict:
+def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: TapeContents, spans: dict) -> dict:
     """Rule 7 for launch functions, before the tape's first backward: no kernel with a hazard
     (unless trusted), no write into an input, no mesh or BVH built over differentiable points,
     no copy Warp left off the tape. ``args``: the arrays the function was called with;
-    ``contents``: what the tape recorded. Returns the outputs filled outside the tape
-    (name: array), for :func:`check_untaped_outputs` at each backward."""
+    ``contents``: what the tape recorded; ``spans``: :func:`spans_of` its arrays. Returns the
+    outputs filled outside the tape (name: array), for :func:`check_untaped_outputs` at each
+    backward."""
     sig = op.sig
     inputs = [args[p.position] for p in sig.array_inputs]
     launches = contents.launches
@@ -41,12 +42,13 @@ def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: Ta
         if not k.options.get("enable_backward", k.module.options.get("enable_backward", True)):
             raise fail(op.name, f"cannot differentiate: kernel '{k.key}' was compiled with enable_backward=False")
     _check_taped_kinds(op, launches)
-    _check_input_writes(op, launches, inputs)
+    _check_input_writes(op, launches, inputs, spans)
     _check_geometry(op, tape, launches, inputs)
     outputs = {p.name: args[len(sig.inputs) + j] for j, p in enumerate(sig.outputs) if p.is_float}
     named = {p.name: a for p, a in zip(sig.array_inputs, inputs)} | outputs
-    written = [span(a) for launch in launches for label, a in launch.arrays if label in _writes(launch.kernel)]
-    written += [span(a) for a in tape.gradients]  # recorded copies' arrays
+    writes = {k: _writes(k) for k in kernels}
+    written = [spans[id(a)] for launch in launches for label, a in launch.arrays if label in writes[launch.kernel]]
+    written += [spans.get(id(a)) or span(a) for a in tape.gradients]  # recorded copies' arrays
     _check_unrecorded_copies(op, contents.arrays, named, written)
     found: tuple = ()
     for k in kernels:
@@ -55,6 +57,11 @@ def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: Ta
     if found:
         raise WarpBridgeError(_adjoint.refusal(op.name, found))
     return _untaped_outputs(outputs, written)
+
+
+def spans_of(arrays: Sequence[Any]) -> dict:
+    """Each array's :func:`span`, by ``id``: read once per recording, then compared."""
+    return {id(a): span(a) for a in arrays}
 
 
 _UNTAPED = (wp.indexedarray, wp.fabricarray, wp.indexedfabricarray)
@@ -74,14 +81,15 @@ def _check_taped_kinds(op: Any, launches: list[RecordedLaunch]) -> None:
                 )
 
 
-def _check_input_writes(op: Any, launches: list[RecordedLaunch], inputs: Sequence[Any]) -> None:
-    spans = [(p.name, span(a)) for p, a in zip(op.sig.array_inputs, inputs)]
+def _check_input_writes(op: Any, launches: list[RecordedLaunch], inputs: Sequence[Any], spans: dict) -> None:
+    inputs_at = [(p.name, span(a)) for p, a in zip(op.sig.array_inputs, inputs)]
     for launch in launches:
         writes = _adjoint.kernel_accesses(launch.kernel).writes
         for label, a in launch.arrays:
             if label not in writes:
                 continue
-            hit = [name for name, memory in spans if overlap(memory, span(a))]
+            memory = spans[id(a)]
+            hit = [name for name, at in inputs_at if overlap(at, memory)]
             if hit:
                 raise input_written(op.name, op.sig.func, hit, launch.kernel.key)
 
@@ -117,12 +125,13 @@ def _check_unrecorded_copies(op: Any, arrays: Sequence[Any], named: dict, writte
     silently. Refuse where the recording shows one: an array without a gradient that no
     recorded launch writes holding a copy of another recorded array's values (an array of
     zeros proves nothing and passes: zero forces a kernel only reads are common)."""
-    ends = [span(a) for a in named.values()]
+    filled = [span(a) for a in named.values()] + written
     sources = list(named.items()) + [(None, a) for a in arrays]
     for a in arrays:
         if a.grad is not None or not a.size or not floating(a.dtype):
             continue
-        if any(overlap(span(a), m) for m in ends + written):
+        memory = span(a)
+        if any(overlap(memory, m) for m in filled):
             continue
         copied = _copied_from(a, sources)
         if copied is not None:
@@ -144,8 +153,8 @@ def _untaped_outputs(outputs: dict, written: list) -> dict:
     gradient), so the tape cannot carry their gradients."""
     return {
         name: y
-        for name, y in outputs.items()
-        if y.size and not any(overlap(span(y), m) for m in written) and host_bytes(y).strip(b"\0")
+        for name, y, memory in ((name, y, span(y)) for name, y in outputs.items())
+        if y.size and not any(overlap(memory, m) for m in written) and host_bytes(y).strip(b"\0")
     }
 
 

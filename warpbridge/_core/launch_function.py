@@ -14,7 +14,15 @@ from typing import Any
 import warp as wp
 
 from .errors import fail
-from .function_checks import check_recorded, check_untaped_outputs, floating, input_written, overlap, span
+from .function_checks import (
+    check_recorded,
+    check_untaped_outputs,
+    floating,
+    input_written,
+    overlap,
+    span,
+    spans_of,
+)
 from .plan import KernelPlan, Plan, host_bytes
 from .signature import Param, Signature
 from .warp_runtime import LOAD_LOCK, KeepingTape, refresh_struct_fields, tape_contents
@@ -119,6 +127,7 @@ class Recording:
         self.placeholders = placeholders  # the forward's gradient buffers of the inputs and outputs
         self.checked = False  # rule 7 passed once: the recorded launches do not change
         self.arrays: list = []  # every array the tape recorded (read before its first backward)
+        self.spans: dict = {}  # their memory spans, by id
         self.fields: list = []  # the array fields of the structs its launches took
         self.untaped: dict = {}  # outputs filled outside the tape: no gradient may come into them
         self.passes = 0  # backwards run through the tape
@@ -147,11 +156,11 @@ def run_recorded_adjoint(
         try:
             if not rec.checked:
                 contents = tape_contents(tape)
-                rec.arrays, rec.fields = contents.arrays, contents.fields
-                rec.untaped = check_recorded(op, tape, rec.args, contents)
+                rec.arrays, rec.fields, rec.spans = contents.arrays, contents.fields, spans_of(contents.arrays)
+                rec.untaped = check_recorded(op, tape, rec.args, contents, rec.spans)
                 rec.checked = True
             check_untaped_outputs(op, rec.untaped)
-            aliases = _alias_gradients(op, rec.arrays, [a for a, _, _ in ends])
+            aliases = _alias_gradients(op, rec.arrays, rec.spans, [a for a, _, _ in ends])
             skip = {id(a) for a, _, _ in ends} | {id(a) for a in aliases}
             if rec.passes:  # an earlier backward left values in every intermediate gradient
                 _zero_intermediate_gradients(rec.arrays, skip)
@@ -185,39 +194,40 @@ def _attach_end_gradients(plan: Plan, args: list, in_grads: Sequence[int], out_g
     return ends
 
 
-def _alias_gradients(op: Any, arrays: list, ends: list) -> list:
+def _alias_gradients(op: Any, arrays: list, spans: dict, ends: list) -> list:
     """Give each recorded array over an input's or output's memory (a slice, a reshape, a
     flatten of it) the matching view of that array's gradient: a launch through the view
     differentiates the input or output. Returns the arrays so given a gradient (None where the
-    input takes none: the backward then gives them zeros of their own)."""
+    input takes none: the backward then gives them zeros of their own). ``spans``: the
+    arrays' memory spans, by id."""
     by_id = {id(a): a for a in ends}
+    end_spans = [span(a) for a in ends]
     aliases = []
     for v in arrays:
         if id(v) in by_id or not v.size or not floating(v.dtype):
             continue
-        end = _viewed_end(op, v, ends, by_id)
+        end = _viewed_end(op, v, spans[id(v)], ends, end_spans, by_id)
         if end is not None:
             v.grad = None if end.grad is None else _gradient_view(end, v)
             aliases.append(v)
     return aliases
 
 
-def _viewed_end(op: Any, v: Any, ends: list, by_id: dict) -> Any:
-    """The input or output whose memory ``v`` views (None: none): the one it was made from
-    (``x[1:]``, ``x.reshape(...)``), else the one whose memory holds it."""
+def _viewed_end(op: Any, v: Any, memory: tuple, ends: list, end_spans: list, by_id: dict) -> Any:
+    """The input or output whose memory ``v`` (over ``memory``) views (None: none): the one it
+    was made from (``x[1:]``, ``x.reshape(...)``), else the one whose memory holds it."""
     parent = getattr(v, "_ref", None)
     while parent is not None:
         if id(parent) in by_id:
             return by_id[id(parent)]
         parent = getattr(parent, "_ref", None)
-    memory = span(v)
-    hits = [a for a in ends if overlap(memory, span(a))]
+    hits = [(a, at) for a, at in zip(ends, end_spans) if overlap(memory, at)]
     if not hits:
         return None
-    if len(hits) == 1 and span(hits[0])[0] <= memory[0] and memory[1] <= span(hits[0])[1]:
-        return hits[0]
+    if len(hits) == 1 and hits[0][1][0] <= memory[0] and memory[1] <= hits[0][1][1]:
+        return hits[0][0]
     names = [p.name for p in op.sig.array_inputs + op.sig.outputs]
-    which = [names[k] for k, a in enumerate(ends) if any(a is h for h in hits)]
+    which = [names[k] for k, a in enumerate(ends) if any(a is h for h, _ in hits)]
     raise fail(
         op.name,
         f"cannot differentiate: launch function {op.sig.func.__name__}() launches a kernel on a "
