@@ -249,6 +249,16 @@ def check_internals() -> list[str]:
 
 
 _WARP_DIR = str(Path(wp.__file__).parent)
+_WARP_CODE: dict = {}  # code object -> whether it is Warp's
+
+
+def _in_warp(code: Any) -> bool:
+    found = _WARP_CODE.get(code)
+    if found is None:
+        if len(_WARP_CODE) > 4096:  # code made at run time (exec) must not pile up
+            _WARP_CODE.clear()
+        found = _WARP_CODE[code] = code.co_filename.startswith(_WARP_DIR)
+    return found
 
 
 class KeepingTape(wp.Tape):
@@ -278,17 +288,20 @@ class KeepingTape(wp.Tape):
     def _keep_frames(self) -> None:
         frame = sys._getframe(2)
         while frame is not None and frame is not self._stop:
-            if id(frame) not in self._seen:
-                self._seen.add(id(frame))
-                self.frames.append(frame)
+            if _in_warp(frame.f_code):  # Warp's own frames hold no object of the function's
+                frame = frame.f_back
+                continue
+            if id(frame) in self._seen:  # kept, and every frame above it
+                return
+            self._seen.add(id(frame))  # the frame is kept: its id is not reused
+            self.frames.append(frame)
             frame = frame.f_back
 
     def settle(self) -> None:
         """Once the function has returned: keep its frames' locals, not the frames, which refer
         to their callers' frames (and through them to whoever holds this tape)."""
         for f in self.frames:
-            if not f.f_code.co_filename.startswith(_WARP_DIR):  # Warp's own frames hold frames
-                self.kept.append({k: v for k, v in f.f_locals.items() if not isinstance(v, types.FrameType)})
+            self.kept.append({k: v for k, v in f.f_locals.items() if not isinstance(v, types.FrameType)})
         self.frames.clear()
         self._stop = None
 
