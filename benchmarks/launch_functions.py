@@ -9,7 +9,9 @@ Warp's own ``wp.Tape`` loop, the same Warp code wrapped by hand in a ``torch.aut
 * **Warp's examples**: a training step (forward, backward) through kernels of Warp's own
   examples: SPH density (``core/example_sph.py``, a hash-grid query per particle) and the ray
   caster's downsampling (``optim/example_diffray.py``), each against the same step written with
-  ``wp.Tape`` as the examples do.
+  ``wp.Tape`` as the examples do; and one step of the fluid solver
+  (``optim/example_fluid_checkpoint.py``: 512 x 512 cells, the example's 50 pressure
+  iterations, 55 launches), from the velocities, density and pressure to the new density.
 
 "by hand" is the usual port of Warp code to PyTorch: an ``autograd.Function`` whose forward runs
 the function under a ``wp.Tape`` on ``wp.from_torch`` views and whose backward runs
@@ -32,6 +34,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -43,6 +46,7 @@ import torch
 import warp as wp
 from warp.examples.core import example_sph as sph
 from warp.examples.optim import example_diffray as diffray
+from warp.examples.optim import example_fluid_checkpoint as fluid
 
 import warpbridge as wb
 from warpbridge._cli.measure import peak_mib
@@ -266,21 +270,93 @@ def example_cases(seed: int = 1) -> dict:
     return cases
 
 
-def interleaved(fns: dict, repeat: int, inner: int = 1) -> dict:
+JACOBI = 50  # the fluid example's pressure iterations a step
+
+
+def fluid_step(vx: wp.array2d(dtype=float), vy: wp.array2d(dtype=float), density: wp.array2d(dtype=float),
+               p: wp.array2d(dtype=float), density1: wp.array2d(dtype=float)):  # fmt: skip
+    """One step of the fluid example, as its ``Example.step`` launches it."""
+    shape = vx.shape
+    wx, wy, div, vx1, vy1 = (wp.empty_like(vx) for _ in range(5))
+    wp.launch(fluid.advect, shape, inputs=[1.0, vx, vy, vx], outputs=[wx])
+    wp.launch(fluid.advect, shape, inputs=[1.0, vx, vy, vy], outputs=[wy])
+    wp.launch(fluid.divergence, shape, inputs=[wx, wy], outputs=[div])
+    for _ in range(JACOBI):
+        p_next = wp.empty_like(vx)
+        wp.launch(fluid.jacobi_iter, shape, inputs=[div, p], outputs=[p_next])
+        p = p_next
+    wp.launch(fluid.update_velocities, shape, inputs=[p, wx, wy], outputs=[vx1, vy1])
+    wp.launch(fluid.advect, shape, inputs=[1.0, vx1, vy1, density], outputs=[density1])
+
+
+def fluid_case(seed: int = 2) -> dict:
+    """A training step through one fluid step and the example's loss: warpbridge (the loss in
+    torch), by hand, and ``wp.Tape`` (the loss with the example's kernel)."""
+    g = np.random.default_rng(seed)
+    n = fluid.N_GRID
+    vx0, vy0, p0 = (g.standard_normal((n, n)).astype(np.float32) for _ in range(3))
+    density0 = wp.zeros((n, n), dtype=float)
+    wp.launch(fluid.fill_initial_density, (n, n), inputs=[density0])
+    data = [vx0, vy0, density0.numpy(), 1e-5 * p0]
+    target = g.random((n, n), dtype=np.float32)
+    op = wb.op(fluid_step)
+    tensors, tt = [torch.from_numpy(a) for a in data], torch.from_numpy(target)
+
+    def loss(density1):
+        return ((density1 - tt) ** 2).sum() / (n * n)
+
+    def through():
+        vx, vy = tensors[0].clone().requires_grad_(), tensors[1].clone().requires_grad_()
+        loss(op(vx, vy, *tensors[2:])).backward()
+        return vx.grad
+
+    def by_hand():
+        vx, vy = tensors[0].clone().requires_grad_(), tensors[1].clone().requires_grad_()
+        loss(ByHand.apply(fluid_step, (n, n), wp.float32, wp.float32, vx, vy, *tensors[2:])).backward()
+        return vx.grad
+
+    def tape():
+        fields = [wp.array(a, dtype=float, requires_grad=k < 2) for k, a in enumerate(data)]
+        density1 = wp.zeros((n, n), dtype=float, requires_grad=True)
+        out = wp.zeros(1, dtype=float, requires_grad=True)
+        t = wp.Tape()
+        with t:
+            fluid_step(*fields, density1)
+            wp.launch(fluid.compute_loss, (n, n), inputs=[density1, wp.array(target, dtype=float)], outputs=[out])
+        t.backward(out)
+        return fields[0].grad
+
+    expected = tape().numpy()
+    for way in (through, by_hand):
+        np.testing.assert_allclose(way().numpy(), expected, rtol=1e-4, atol=1e-9)
+    return {"warpbridge (kept tape)": through, "by hand (autograd.Function + wp.Tape)": by_hand, "wp.Tape": tape}
+
+
+def interleaved(fns: dict, repeat: int, inner: int = 1) -> tuple[dict, dict]:
     """Per function, its ms per call (the mean of ``inner`` calls in a row) in each of
-    ``repeat`` rounds. Each round runs every function, in an order reversed every other round,
-    so drift on a noisy machine hits every function alike."""
+    ``repeat`` rounds, and its page faults per call. Each round runs every function, in an
+    order reversed every other round, so drift on a noisy machine hits every function alike.
+    A fault maps a fresh page of memory: the C heap hands freed memory back to the system or
+    not depending on what ran before, and a step that then faults in its buffers page by page
+    runs slower; the count shows when that happened."""
     for fn in fns.values():
         fn()  # warm: modules loaded, plans made
     times: dict = {k: [] for k in fns}
+    faults: dict = dict.fromkeys(fns, 0)
     order = list(fns)
     for r in range(repeat):
         for k in order if r % 2 == 0 else order[::-1]:
+            before = _minor_faults()
             t = time.perf_counter()
             for _ in range(inner):
                 fns[k]()
             times[k].append((time.perf_counter() - t) * 1e3 / inner)
-    return times
+            faults[k] += _minor_faults() - before
+    return times, {k: n / (repeat * inner) for k, n in faults.items()}
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def paired_ratio(times: list, against: list) -> float:
@@ -289,9 +365,10 @@ def paired_ratio(times: list, against: list) -> float:
     return statistics.median(a / b for a, b in zip(times, against))
 
 
-def _rows(case: str, times: dict, mem: dict) -> list:
-    """A row per way: its median ms, and against wp.Tape the ratio of medians and the paired
-    per-round ratio."""
+def _rows(case: str, measured: tuple[dict, dict], mem: dict) -> list:
+    """A row per way: its median ms, against wp.Tape the ratio of medians and the paired
+    per-round ratio, and its page faults per call."""
+    times, faults = measured
     tape = times["wp.Tape"]
     return [
         {
@@ -301,6 +378,7 @@ def _rows(case: str, times: dict, mem: dict) -> list:
             "vs_tape": statistics.median(t) / statistics.median(tape),
             "paired_vs_tape": paired_ratio(t, tape),
             "peak_mib": mem.get(way),
+            "faults_per_call": faults[way],
         }
         for way, t in times.items()
     ]
@@ -333,17 +411,19 @@ def main() -> None:
     started = time.time()
     rows = []
     fns = rollout_cases()
-    times = interleaved(fns, args.repeat)
+    measured = interleaved(fns, args.repeat)
     mem = {k: peak_in_own_process(k, args.quick) for k in fns}
-    rows.extend(_rows(f"rollout, {STEPS} steps x {N} particles", times, mem))
+    rows.extend(_rows(f"rollout, {STEPS} steps x {N} particles", measured, mem))
     for case, case_fns in example_cases().items():
-        times = interleaved(case_fns, args.repeat, inner=10)  # milliseconds a call: 10 in a row
-        rows.extend(_rows(case, times, {}))
-    print(f"{'case':42s} {'way':38s} {'median ms':>10s} {'x wp.Tape':>10s} {'paired':>7s} {'peak MiB':>9s}")
+        measured = interleaved(case_fns, args.repeat, inner=10)  # milliseconds a call: 10 in a row
+        rows.extend(_rows(case, measured, {}))
+    rows.extend(_rows(f"fluid step, 512x512, {JACOBI} pressure iterations", interleaved(fluid_case(), args.repeat), {}))
+    head = f"{'case':44s} {'way':38s} {'median ms':>10s} {'x wp.Tape':>10s} {'paired':>7s} {'peak MiB':>9s}"
+    print(f"{head} {'faults/call':>12s}")
     for r in rows:
         mib = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
-        line = f"{r['case']:42s} {r['way']:38s} {r['ms']:10.1f} {r['vs_tape']:10.2f} {r['paired_vs_tape']:7.2f}"
-        print(f"{line} {mib:>9s}")
+        line = f"{r['case']:44s} {r['way']:38s} {r['ms']:10.2f} {r['vs_tape']:10.2f} {r['paired_vs_tape']:7.2f}"
+        print(f"{line} {mib:>9s} {r['faults_per_call']:12.0f}")
     machine = f"{platform.machine()}-{os.cpu_count()}cpu"
     out = {
         "date": date.today().isoformat(),
