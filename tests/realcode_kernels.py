@@ -450,3 +450,49 @@ def scaled_by_a_large_table(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
     """A read-only table without a gradient, larger than every other array: no copy of one."""
     table = wp.full(TABLE, f64(1.0), dtype=f64, device=x.device)
     wp.launch(scale_by_table, dim=x.shape[0], inputs=[x, table, y])
+
+
+# -- arrays filled outside the tape ----------------------------------------------------------
+
+
+@wp.kernel
+def double_into(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    i = wp.tid()
+    y[i] = f64(2.0) * x[i]
+
+
+def scaled_by_an_array_sum(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """y = x * sum(x), the sum by ``wp.utils.array_sum`` into an array made with
+    requires_grad: a native call Warp's tape never sees, so the sum's gradient is lost."""
+    s = wp.zeros(1, dtype=f64, device=x.device, requires_grad=True)
+    wp.utils.array_sum(x, out=s)
+    wp.launch(scale_by_table, dim=x.shape[0], inputs=[x, s, y])
+
+
+def doubled_off_the_tape(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """A launch the user keeps off the tape (``record_tape=False``) on the gradient's path."""
+    t = wp.zeros_like(x)  # requires_grad as x has it
+    wp.launch(double_into, dim=x.shape[0], inputs=[x], outputs=[t], record_tape=False)
+    wp.launch(square_into, dim=x.shape[0], inputs=[t, y])
+
+
+def copied_from_plain_scratch(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """A copy into an array with a gradient from scratch without one: Warp records no copy
+    unless both have gradients."""
+    s = wp.zeros(x.shape[0], dtype=f64, device=x.device)
+    wp.launch(square_into, dim=x.shape[0], inputs=[x, s])
+    t = wp.zeros(x.shape[0], dtype=f64, device=x.device, requires_grad=True)
+    wp.copy(t, s)
+    wp.launch(double_into, dim=x.shape[0], inputs=[t], outputs=[y])
+
+
+def scaled_by_constants(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """Constants filled outside the tape, made without requires_grad: right, no alarm."""
+    w = wp.full(x.shape[0], f64(3.0), dtype=f64, device=x.device)
+    wp.launch(scale_by_table, dim=x.shape[0], inputs=[x, w, y])
+
+
+def scaled_by_constants_with_grad(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """The same constants made with requires_grad: nothing tells them from values of x."""
+    w = wp.full(x.shape[0], f64(3.0), dtype=f64, device=x.device, requires_grad=True)
+    wp.launch(scale_by_table, dim=x.shape[0], inputs=[x, w, y])

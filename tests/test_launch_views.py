@@ -130,6 +130,36 @@ def test_an_output_filled_outside_the_tape_is_refused_only_when_a_gradient_reach
         (y + ones).sum().backward()
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize(
+    "fn,want",
+    [
+        (K.scaled_by_an_array_sum, lambda x: x * x.sum()),
+        (K.doubled_off_the_tape, lambda x: (2 * x) ** 2),
+        (K.copied_from_plain_scratch, lambda x: 2 * x**2),
+        (K.scaled_by_constants_with_grad, lambda x: 3 * x),
+    ],
+    ids=["array_sum", "record_tape=False", "copy from plain scratch", "constants with requires_grad"],
+)
+def test_an_array_filled_outside_the_tape_on_the_gradients_path_is_refused(fn, want, recompute):
+    # each gave a silently wrong gradient before (the sum's and the launch's parts lost, zero)
+    op = wb.op(fn, recompute=recompute)
+    x = _values((5,), seed=10).requires_grad_()
+    y = op(x)
+    torch.testing.assert_close(y, want(x.detach()))
+    with pytest.raises(wb.WarpBridgeError, match="made with requires_grad that nothing on Warp's tape writes") as e:
+        y.sum().backward()
+    assert "record_tape=False" in str(e.value) and "make the array without requires_grad" in str(e.value)
+    assert x.grad is None
+
+
+def test_constants_made_without_requires_grad_raise_no_alarm():
+    op = wb.op(K.scaled_by_constants)
+    x = _values((5,), seed=11).requires_grad_()
+    op(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
+
+
 def test_a_table_larger_than_every_other_array_is_never_read_for_copies(monkeypatch):
     # no other array could hold its values: the copy check reads none of its bytes
     read = []

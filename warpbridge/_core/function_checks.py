@@ -6,7 +6,7 @@ once per recording, before its first backward; and the memory spans those checks
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import warp as wp
 
@@ -27,13 +27,20 @@ def input_written(op_name: str, func: Any, names: Sequence[str], kernel: str = "
     )
 
 
-def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: TapeContents, spans: dict) -> dict:
+class Untaped(NamedTuple):
+    """What a recorded forward filled outside Warp's tape, checked at each backward."""
+
+    outputs: dict  # name: floating output that no recorded launch or copy writes, holding values
+    inner: list  # arrays made with requires_grad that recorded launches read, filled the same way
+
+
+def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: TapeContents, spans: dict) -> Untaped:
     """Rule 7 for launch functions, before the tape's first backward: no kernel with a hazard
     (unless trusted), no write into an input, no mesh or BVH built over differentiable points,
     no copy Warp left off the tape. ``args``: the arrays the function was called with;
-    ``contents``: what the tape recorded; ``spans``: :func:`spans_of` its arrays. Returns the
-    outputs filled outside the tape (name: array), for :func:`check_untaped_outputs` at each
-    backward."""
+    ``contents``: what the tape recorded; ``spans``: :func:`spans_of` its arrays. Returns what
+    was filled outside the tape, for :func:`check_untaped_outputs` and
+    :func:`check_untaped_inner` at each backward."""
     sig = op.sig
     inputs = [args[p.position] for p in sig.array_inputs]
     launches = contents.launches
@@ -47,8 +54,9 @@ def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: Ta
     outputs = {p.name: args[len(sig.inputs) + j] for j, p in enumerate(sig.outputs) if p.is_float}
     named = {p.name: a for p, a in zip(sig.array_inputs, inputs)} | outputs
     writes = {k: _writes(k) for k in kernels}
-    written = [spans[id(a)] for launch in launches for label, a in launch.arrays if label in writes[launch.kernel]]
-    written += [spans.get(id(a)) or span(a) for a in tape.gradients]  # recorded copies' arrays
+    written_arrays = [a for launch in launches for label, a in launch.arrays if label in writes[launch.kernel]]
+    written_arrays += list(tape.gradients)  # recorded copies' arrays
+    written = [spans.get(id(a)) or span(a) for a in written_arrays]
     _check_unrecorded_copies(op, contents.arrays, named, written)
     found: tuple = ()
     for k in kernels:
@@ -56,7 +64,9 @@ def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: Ta
             found += tuple(h for h in _adjoint.kernel_hazards(k) if not op.trusts(h.kernel))
     if found:
         raise WarpBridgeError(_adjoint.refusal(op.name, found))
-    return _untaped_outputs(outputs, written)
+    ends = [span(a) for a in named.values()]
+    written_ids = {id(a) for a in written_arrays}
+    return Untaped(_untaped_outputs(outputs, written), _untaped_inner(launches, spans, written_ids, ends + written))
 
 
 def spans_of(arrays: Sequence[Any]) -> dict:
@@ -143,7 +153,8 @@ def _check_unrecorded_copies(op: Any, arrays: Sequence[Any], named: dict, writte
                 f"without requires_grad that holds a copy of {what}; Warp's tape records no copy (wp.copy, "
                 ".assign(), wp.clone(..., requires_grad=False)) into an array without a gradient, so the "
                 "gradient through it would be lost. Make it with requires_grad=True "
-                "(`wp.zeros(..., requires_grad=True)`, `wp.clone(x)`)",
+                "(`wp.zeros(..., requires_grad=True)`, `wp.clone(x)`); if a call Warp never records filled it "
+                "(wp.utils.array_sum, a launch with record_tape=False), compute it with a recorded kernel",
             )
 
 
@@ -156,6 +167,43 @@ def _untaped_outputs(outputs: dict, written: list) -> dict:
         for name, y, memory in ((name, y, span(y)) for name, y in outputs.items())
         if y.size and not any(overlap(memory, m) for m in written) and host_bytes(y).strip(b"\0")
     }
+
+
+def _untaped_inner(launches: list[RecordedLaunch], spans: dict, written: set, filled: list) -> list:
+    """The floating arrays made with requires_grad that a recorded launch reads, that are no
+    input or output and that nothing on the tape writes (``written``: the ids of the arrays
+    it writes; ``filled``: the spans of those and of the inputs and outputs), yet hold values."""
+    reads = {k: _reads(k) for k in recorded_kernels(launches)}
+    found: dict = {}
+    for launch in launches:
+        for label, a in launch.arrays:
+            if label in reads[launch.kernel] and id(a) not in written and a.grad is not None:
+                found.setdefault(id(a), a)
+    return [
+        a
+        for a in found.values()
+        if a.size
+        and floating(a.dtype)
+        and not any(overlap(spans[id(a)], m) for m in filled)
+        and host_bytes(a).strip(b"\0")
+    ]
+
+
+def check_untaped_inner(op: Any, inner: list) -> None:
+    """Refuse a backward that brought a gradient to an array filled outside the tape: it
+    stops there, whatever the array's values depend on (run after ``tape.backward``)."""
+    for a in inner:
+        if a.grad is not None and host_bytes(a.grad).strip(b"\0"):
+            raise fail(
+                op.name,
+                f"cannot differentiate: launch function {op.sig.func.__name__}() reads a {_described(a)} made "
+                "with requires_grad that nothing on Warp's tape writes: it was filled outside the tape "
+                "(wp.utils.array_sum, array_scan, a wp.launch with record_tape=False, .fill_(), .assign(), "
+                "wp.copy from an array without a gradient), and the gradient that reaches it goes no further. "
+                "If its values depend on the inputs, compute them with a recorded kernel (or copy them from an "
+                "array made with requires_grad=True); if they are constants, make the array without "
+                "requires_grad",
+            )
 
 
 def check_untaped_outputs(op: Any, untaped: dict) -> None:
@@ -176,6 +224,11 @@ def check_untaped_outputs(op: Any, untaped: dict) -> None:
 def _writes(kernel: Any) -> set:
     acc = _adjoint.kernel_accesses(kernel)
     return acc.writes | acc.unknown
+
+
+def _reads(kernel: Any) -> set:
+    acc = _adjoint.kernel_accesses(kernel)
+    return acc.reads | acc.unknown
 
 
 def _copied_from(a: Any, sources: Sequence[tuple]) -> tuple | None:
