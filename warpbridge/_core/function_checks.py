@@ -28,9 +28,10 @@ def input_written(op_name: str, func: Any, names: Sequence[str], kernel: str = "
 
 
 class Untaped(NamedTuple):
-    """What a recorded forward filled outside Warp's tape, checked at each backward."""
+    """What a recorded forward filled outside Warp's tape, as (array, why) pairs for
+    :func:`refuse_gradients_into` at each backward."""
 
-    outputs: dict  # name: floating output that no recorded launch or copy writes, holding values
+    outputs: list  # floating outputs that no recorded launch or copy writes, holding values
     inner: list  # arrays made with requires_grad that recorded launches read, filled the same way
 
 
@@ -39,8 +40,7 @@ def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: Ta
     (unless trusted), no write into an input, no mesh or BVH built over differentiable points,
     no copy Warp left off the tape. ``args``: the arrays the function was called with;
     ``contents``: what the tape recorded; ``spans``: :func:`spans_of` its arrays. Returns what
-    was filled outside the tape, for :func:`check_untaped_outputs` and
-    :func:`check_untaped_inner` at each backward."""
+    was filled outside the tape, for :func:`refuse_gradients_into` at each backward."""
     sig = op.sig
     inputs = [args[p.position] for p in sig.array_inputs]
     launches = contents.launches
@@ -158,15 +158,15 @@ def _check_unrecorded_copies(op: Any, arrays: Sequence[Any], named: dict, writte
             )
 
 
-def _untaped_outputs(outputs: dict, written: list) -> dict:
+def _untaped_outputs(outputs: dict, written: list) -> list:
     """The floating outputs nothing on the tape writes but that hold values: filled outside it
     (``wp.utils.array_sum``, ``array_scan``, ``.fill_()``, a copy from an array without a
     gradient), so the tape cannot carry their gradients."""
-    return {
-        name: y
+    return [
+        (y, _output_filled_outside(name))
         for name, y, memory in ((name, y, span(y)) for name, y in outputs.items())
         if y.size and not any(overlap(memory, m) for m in written) and host_bytes(y).strip(b"\0")
-    }
+    ]
 
 
 def _untaped_inner(launches: list[RecordedLaunch], spans: dict, written: set, filled: list) -> list:
@@ -180,7 +180,7 @@ def _untaped_inner(launches: list[RecordedLaunch], spans: dict, written: set, fi
             if label in reads[launch.kernel] and id(a) not in written and a.grad is not None:
                 found.setdefault(id(a), a)
     return [
-        a
+        (a, _inner_filled_outside(a))
         for a in found.values()
         if a.size
         and floating(a.dtype)
@@ -189,36 +189,32 @@ def _untaped_inner(launches: list[RecordedLaunch], spans: dict, written: set, fi
     ]
 
 
-def check_untaped_inner(op: Any, inner: list) -> None:
-    """Refuse a backward that brought a gradient to an array filled outside the tape: it
-    stops there, whatever the array's values depend on (run after ``tape.backward``)."""
-    for a in inner:
+def refuse_gradients_into(op: Any, untaped: list) -> None:
+    """Refuse a backward that brought a non-zero gradient into an array filled outside the tape
+    (``untaped``: (array, why) pairs, from :class:`Untaped`): it cannot go further."""
+    for a, why in untaped:
         if a.grad is not None and host_bytes(a.grad).strip(b"\0"):
-            raise fail(
-                op.name,
-                f"cannot differentiate: launch function {op.sig.func.__name__}() reads a {_described(a)} made "
-                "with requires_grad that nothing on Warp's tape writes: it was filled outside the tape "
-                "(wp.utils.array_sum, array_scan, a wp.launch with record_tape=False, .fill_(), .assign(), "
-                "wp.copy from an array without a gradient), and the gradient that reaches it goes no further. "
-                "If its values depend on the inputs, compute them with a recorded kernel (or copy them from an "
-                "array made with requires_grad=True); if they are constants, make the array without "
-                "requires_grad",
-            )
+            raise fail(op.name, f"cannot differentiate: launch function {op.sig.func.__name__}() {why}")
 
 
-def check_untaped_outputs(op: Any, untaped: dict) -> None:
-    """Refuse a backward that sends a gradient into an output filled outside the tape."""
-    for name, y in untaped.items():
-        if y.grad is not None and host_bytes(y.grad).strip(b"\0"):
-            raise fail(
-                op.name,
-                f"cannot differentiate: launch function {op.sig.func.__name__}() fills its output '{name}' "
-                "outside Warp's tape: no recorded launch or copy writes it (wp.utils.array_sum, array_scan, "
-                ".fill_(), .assign() from host data and copies from an array without a gradient record "
-                "nothing), so its gradient cannot reach the inputs. Compute it with a kernel, or copy it from "
-                "an array made with requires_grad=True; if its values do not depend on the inputs, detach it "
-                "before the loss",
-            )
+def _output_filled_outside(name: str) -> str:
+    return (
+        f"fills its output '{name}' outside Warp's tape: no recorded launch or copy writes it "
+        "(wp.utils.array_sum, array_scan, .fill_(), .assign() from host data and copies from an array without a "
+        "gradient record nothing), so its gradient cannot reach the inputs. Compute it with a kernel, or copy it "
+        "from an array made with requires_grad=True; if its values do not depend on the inputs, detach it before "
+        "the loss"
+    )
+
+
+def _inner_filled_outside(a: Any) -> str:
+    return (
+        f"reads a {_described(a)} made with requires_grad that nothing on Warp's tape writes: it was filled "
+        "outside the tape (wp.utils.array_sum, array_scan, a wp.launch with record_tape=False, .fill_(), "
+        ".assign(), wp.copy from an array without a gradient), and the gradient that reaches it goes no further. "
+        "If its values depend on the inputs, compute them with a recorded kernel (or copy them from an array "
+        "made with requires_grad=True); if they are constants, make the array without requires_grad"
+    )
 
 
 def _writes(kernel: Any) -> set:

@@ -17,11 +17,10 @@ from .errors import fail
 from .function_checks import (
     Untaped,
     check_recorded,
-    check_untaped_inner,
-    check_untaped_outputs,
     floating,
     input_written,
     overlap,
+    refuse_gradients_into,
     span,
     spans_of,
 )
@@ -131,7 +130,7 @@ class Recording:
         self.arrays: list = []  # every array the tape recorded (read before its first backward)
         self.spans: dict = {}  # their memory spans, by id
         self.fields: list = []  # the array fields of the structs its launches took
-        self.untaped = Untaped({}, [])  # what was filled outside the tape: no gradient may come into it
+        self.untaped = Untaped([], [])  # what was filled outside the tape: no gradient may come into it
         self.passes = 0  # backwards run through the tape
         self.lock = threading.Lock()  # one backward at a time: they share the gradients
 
@@ -161,7 +160,7 @@ def run_recorded_adjoint(
                 rec.arrays, rec.fields, rec.spans = contents.arrays, contents.fields, spans_of(contents.arrays)
                 rec.untaped = check_recorded(op, tape, rec.args, contents, rec.spans)
                 rec.checked = True
-            check_untaped_outputs(op, rec.untaped.outputs)
+            refuse_gradients_into(op, rec.untaped.outputs)
             aliases = _alias_gradients(op, rec.arrays, rec.spans, [a for a, _, _ in ends])
             skip = {id(a) for a, _, _ in ends} | {id(a) for a in aliases}
             if rec.passes:  # an earlier backward left values in every intermediate gradient
@@ -172,7 +171,7 @@ def run_recorded_adjoint(
             owned = own_gradients(rec.arrays)
             refresh_struct_fields(rec.fields)
             tape.backward()
-            check_untaped_inner(op, rec.untaped.inner)
+            refuse_gradients_into(op, rec.untaped.inner)
             for a, target, _ in ends:
                 if target is not None:  # a gradient laid out unlike its buffer: copied back
                     wp.copy(target, a.grad)
