@@ -496,3 +496,18 @@ def scaled_by_constants_with_grad(x: wp.array(dtype=f64), y: wp.array(dtype=f64)
     """The same constants made with requires_grad: nothing tells them from values of x."""
     w = wp.full(x.shape[0], f64(3.0), dtype=f64, device=x.device, requires_grad=True)
     wp.launch(scale_by_table, dim=x.shape[0], inputs=[x, w, y])
+
+
+def offset_by_an_array_sum(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """y = x * sum(x) + 1, the sum by ``wp.utils.array_sum`` into an array made without
+    requires_grad: its values hold no copy of another array, and they change with x."""
+    s = wp.zeros(1, dtype=f64, device=x.device)
+    wp.utils.array_sum(x, out=s)
+    wp.launch(scale_by_table, dim=x.shape[0], inputs=[x, s, y])
+    wp.launch(add_one, dim=y.shape[0], inputs=[y])
+
+
+@wp.kernel
+def add_one(y: wp.array(dtype=f64)):
+    i = wp.tid()
+    y[i] = y[i] + f64(1.0)

@@ -2,6 +2,7 @@
 examples and benchmarks is compiled to PTX for sm_80 and sm_90 with Warp's bundled NVRTC, and
 every kernel must come out with its forward entry point and, where it has one, its adjoint."""
 
+import importlib
 import importlib.util
 import os
 import re
@@ -39,6 +40,7 @@ MODULES = {
     "examples/rosenbrock": lambda: _load("examples/rosenbrock.py", "rosenbrock"),
     "benchmarks/_kernels": lambda: _load("benchmarks/_kernels.py", "_kernels"),
     "warpbridge/_cli/tutorial": lambda: _load("warpbridge/_cli/tutorial.py", "warpbridge._cli.tutorial"),
+    "warpbridge/_core/fill_probe": lambda: importlib.import_module("warpbridge._core.fill_probe"),
 }
 
 

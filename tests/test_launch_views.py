@@ -11,7 +11,7 @@ import torch
 import warp as wp
 
 import warpbridge as wb
-from warpbridge._core import function_checks
+from warpbridge._core import fill_probe, function_checks, launch_function
 
 f64 = torch.float64
 
@@ -160,16 +160,48 @@ def test_constants_made_without_requires_grad_raise_no_alarm():
     torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
 
 
-def test_a_table_larger_than_every_other_array_is_never_read_for_copies(monkeypatch):
-    # no other array could hold its values: the copy check reads none of its bytes
-    read = []
-    real = function_checks.host_bytes
-    monkeypatch.setattr(function_checks, "host_bytes", lambda a: read.append(a.size) or real(a))
+def test_a_table_larger_than_every_other_array_is_read_once_per_plan(monkeypatch):
+    # no other array could hold its values: the copy check reads none of its bytes; the first
+    # backward reads them once to find them constant (the function re-run on moved inputs)
+    read, probes = [], []
+    for module in (function_checks, launch_function, fill_probe):
+        real = module.host_bytes
+        monkeypatch.setattr(module, "host_bytes", lambda a, real=real: read.append(a.size) or real(a))
+    real_changed = fill_probe.changed
+    monkeypatch.setattr(fill_probe, "changed", lambda *a: probes.append(1) or real_changed(*a))
     op = wb.op(K.scaled_by_a_large_table)
     x = _values((5,), seed=9).requires_grad_()
-    op(x).sum().backward()
-    torch.testing.assert_close(x.grad, torch.ones_like(x))
-    assert K.TABLE not in read
+    for step in range(3):
+        if step == 1:
+            read.clear()
+        op(x).sum().backward()
+    torch.testing.assert_close(x.grad, 3 * torch.ones_like(x))
+    assert probes == [1] and K.TABLE not in read
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_an_input_dependent_array_filled_outside_the_tape_without_requires_grad_is_refused(recompute):
+    # y = x * sum(x) + 1 with the sum by wp.utils.array_sum: the sum's gradient was lost (3x the
+    # right value's share missing), and no copy of another array shows it
+    op = wb.op(K.offset_by_an_array_sum, recompute=recompute)
+    x = _values((5,), seed=12).requires_grad_()
+    y = op(x)
+    torch.testing.assert_close(y, x.detach() * x.detach().sum() + 1)
+    with pytest.raises(wb.WarpBridgeError, match="whose values change with the inputs: it was filled outside"):
+        y.sum().backward()
+    assert x.grad is None
+
+
+def test_constants_filled_outside_the_tape_are_probed_once_per_plan(monkeypatch):
+    probes = []
+    real_changed = fill_probe.changed
+    monkeypatch.setattr(fill_probe, "changed", lambda *a: probes.append(1) or real_changed(*a))
+    op = wb.op(K.scaled_by_constants)
+    x = _values((7,), seed=13).requires_grad_()  # a shape of its own: a plan no other test made
+    for _ in range(3):
+        op(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 9.0))
+    assert probes == [1]
 
 
 def test_an_indexedarray_in_a_launch_function_is_refused():

@@ -33,6 +33,7 @@ class Untaped(NamedTuple):
 
     outputs: list  # floating outputs that no recorded launch or copy writes, holding values
     inner: list  # arrays made with requires_grad that recorded launches read, filled the same way
+    plain: list  # (launch index, parameter label, array): the same made without requires_grad
 
 
 def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: TapeContents, spans: dict) -> Untaped:
@@ -66,7 +67,8 @@ def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: Ta
         raise WarpBridgeError(_adjoint.refusal(op.name, found))
     ends = [span(a) for a in named.values()]
     written_ids = {id(a) for a in written_arrays}
-    return Untaped(_untaped_outputs(outputs, written), _untaped_inner(launches, spans, written_ids, ends + written))
+    inner, plain = _untaped_inner(launches, spans, written_ids, ends + written)
+    return Untaped(_untaped_outputs(outputs, written), inner, plain)
 
 
 def spans_of(arrays: Sequence[Any]) -> dict:
@@ -169,24 +171,25 @@ def _untaped_outputs(outputs: dict, written: list) -> list:
     ]
 
 
-def _untaped_inner(launches: list[RecordedLaunch], spans: dict, written: set, filled: list) -> list:
-    """The floating arrays made with requires_grad that a recorded launch reads, that are no
-    input or output and that nothing on the tape writes (``written``: the ids of the arrays
-    it writes; ``filled``: the spans of those and of the inputs and outputs), yet hold values."""
+def _untaped_inner(launches: list[RecordedLaunch], spans: dict, written: set, filled: list) -> tuple[list, list]:
+    """The floating arrays that a recorded launch reads, that are no input or output and that
+    nothing on the tape writes (``written``: the ids of the arrays it writes; ``filled``: the
+    spans of those and of the inputs and outputs): those made with requires_grad and holding
+    values, as (array, why); and those made without, as (launch index, label, array), for
+    :func:`launch_function.refuse_input_dependent_fills` (constants look the same)."""
     reads = {k: _reads(k) for k in recorded_kernels(launches)}
     found: dict = {}
-    for launch in launches:
+    for n, launch in enumerate(launches):
         for label, a in launch.arrays:
-            if label in reads[launch.kernel] and id(a) not in written and a.grad is not None:
-                found.setdefault(id(a), a)
-    return [
-        (a, _inner_filled_outside(a))
-        for a in found.values()
-        if a.size
-        and floating(a.dtype)
-        and not any(overlap(spans[id(a)], m) for m in filled)
-        and host_bytes(a).strip(b"\0")
+            if label in reads[launch.kernel] and id(a) not in written and id(a) not in found:
+                found[id(a)] = (n, label, a)
+    untaped = [
+        (n, label, a)
+        for n, label, a in found.values()
+        if a.size and floating(a.dtype) and not any(overlap(spans[id(a)], m) for m in filled)
     ]
+    inner = [(a, _inner_filled_outside(a)) for _, _, a in untaped if a.grad is not None and host_bytes(a).strip(b"\0")]
+    return inner, [(n, label, a) for n, label, a in untaped if a.grad is None]
 
 
 def refuse_gradients_into(op: Any, untaped: list) -> None:
@@ -204,6 +207,17 @@ def _output_filled_outside(name: str) -> str:
         "gradient record nothing), so its gradient cannot reach the inputs. Compute it with a kernel, or copy it "
         "from an array made with requires_grad=True; if its values do not depend on the inputs, detach it before "
         "the loss"
+    )
+
+
+def input_dependent_fill(a: Any) -> str:
+    """Why a backward refuses array ``a``, made without requires_grad and filled outside the
+    tape, whose values change with the inputs."""
+    return (
+        f"reads a {_described(a)} that nothing on Warp's tape writes and whose values change with the inputs: it "
+        "was filled outside the tape (wp.utils.array_sum, array_scan, a wp.launch with record_tape=False, "
+        ".assign()), so the gradient through it would be lost. Compute it with a recorded kernel, into an array "
+        "made with requires_grad=True"
     )
 
 

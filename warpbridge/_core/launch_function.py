@@ -13,11 +13,13 @@ from typing import Any
 
 import warp as wp
 
+from . import fill_probe
 from .errors import fail
 from .function_checks import (
     Untaped,
     check_recorded,
     floating,
+    input_dependent_fill,
     input_written,
     overlap,
     refuse_gradients_into,
@@ -130,7 +132,7 @@ class Recording:
         self.arrays: list = []  # every array the tape recorded (read before its first backward)
         self.spans: dict = {}  # their memory spans, by id
         self.fields: list = []  # the array fields of the structs its launches took
-        self.untaped = Untaped([], [])  # what was filled outside the tape: no gradient may come into it
+        self.untaped = Untaped([], [], [])  # what was filled outside the tape: no gradient may come into it
         self.passes = 0  # backwards run through the tape
         self.lock = threading.Lock()  # one backward at a time: they share the gradients
 
@@ -172,6 +174,7 @@ def run_recorded_adjoint(
             refresh_struct_fields(rec.fields)
             tape.backward()
             refuse_gradients_into(op, rec.untaped.inner)
+            refuse_input_dependent_fills(op, rec, in_grads)
             for a, target, _ in ends:
                 if target is not None:  # a gradient laid out unlike its buffer: copied back
                     wp.copy(target, a.grad)
@@ -180,6 +183,37 @@ def run_recorded_adjoint(
                 a.grad = None  # the next backward starts from fresh zeros; a global array gets its state back
             refresh_struct_fields(rec.fields)
             tape.gradients = {}  # no reference to this backward's buffers survives it
+
+
+def refuse_input_dependent_fills(op: Any, rec: Recording, in_grads: Sequence[int]) -> None:
+    """Refuse a backward through an array made without requires_grad that nothing on the tape
+    writes (filled by ``wp.utils.array_sum``, a launch with ``record_tape=False``), that a
+    gradient reached and whose values change with the inputs: that gradient stops there.
+
+    A table of constants looks the same on the tape. The first backward of a plan that meets
+    such arrays re-runs the function on perturbed copies of the inputs that take a gradient
+    (:mod:`fill_probe`) and compares them; the plan remembers the arrays it found constant."""
+    plain = rec.untaped.plain
+    if not plain:
+        return
+    plan = rec.plan
+    constants = plan.cache.setdefault("constant fills", set())
+    key = tuple((n, label) for n, label, _ in plain)
+    if key in constants:
+        return
+    reached = [(n, label, a) for n, label, a in plain if a.grad is not None and host_bytes(a.grad).strip(b"\0")]
+    if not reached:
+        return
+    sig = plan.sig
+    args = rec.args[: len(sig.inputs)] + [wp.zeros_like(y, requires_grad=False) for y in rec.args[len(sig.inputs) :]]
+    moved = [p.position for k, p in enumerate(sig.array_inputs) if in_grads[k] and p.is_float]
+    with LOAD_LOCK:  # rare, and its kernel's module may load now
+        found = fill_probe.changed(sig.func, args, moved, reached)
+    if found:
+        raise fail(
+            op.name, f"cannot differentiate: launch function {sig.func.__name__}() {input_dependent_fill(found[0])}"
+        )
+    constants.add(key)
 
 
 def _attach_end_gradients(plan: Plan, args: list, in_grads: Sequence[int], out_grads: Sequence) -> list:
