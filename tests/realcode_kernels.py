@@ -511,3 +511,23 @@ def offset_by_an_array_sum(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
 def add_one(y: wp.array(dtype=f64)):
     i = wp.tid()
     y[i] = y[i] + f64(1.0)
+
+
+# -- a function with a gradient of its own ---------------------------------------------------
+
+
+@wp.kernel
+def cubic_energy(x: wp.array(dtype=f64), e: wp.array(dtype=f64)):
+    i = wp.tid()
+    wp.atomic_add(e, 0, x[i] * x[i] * x[i])
+
+
+def forces_from_an_energy(x: wp.array(dtype=f64), f: wp.array(dtype=f64)):
+    """f = dE/dx = 3 x^2, from the energy's adjoint under a wp.Tape of the function's own."""
+    xs = wp.clone(x, requires_grad=True)
+    e = wp.zeros(1, dtype=f64, device=x.device, requires_grad=True)
+    tape = wp.Tape()
+    with tape:
+        wp.launch(cubic_energy, dim=x.shape[0], inputs=[xs], outputs=[e])
+    tape.backward(e)
+    wp.copy(f, xs.grad)

@@ -453,3 +453,20 @@ def test_debug_mode_follows_an_index_through_a_local():
     )
     with pytest.raises(wb.WarpBridgeError, match=r"'idx' holds 7 at flat index 3.*'out' \(size 3\)"):
         op(v, torch.tensor([0, 2, 2, 7], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_function_with_a_tape_of_its_own_runs_and_its_backward_is_refused(recompute):
+    # its forward raised Warp's "entering a tape while one is already active" for inputs that
+    # require grad; its gradient would be the energy's second derivative, through Warp's adjoint
+    op = wb.op(K.forces_from_an_energy, recompute=recompute)
+    x = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    torch.testing.assert_close(op(x), 3 * x**2)
+    xg = x.clone().requires_grad_()
+    f = op(xg)
+    torch.testing.assert_close(f.detach(), 3 * x**2)
+    with pytest.raises(wb.WarpBridgeError, match=r"forces_from_an_energy\(\) runs its own wp.Tape"):
+        f.sum().backward()
+    assert xg.grad is None
+    (f.detach() * xg).sum().backward()  # detached, as the message says
+    torch.testing.assert_close(xg.grad, 3 * x**2)

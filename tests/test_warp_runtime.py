@@ -37,3 +37,15 @@ def test_the_per_thread_tape_keeps_one_active_tape_per_thread():
         t.join()
         assert wp._src.context.runtime.tape is outer
     assert seen["other"] is None
+
+
+def test_warp_still_refuses_a_tape_entered_under_another_as_warpbridge_expects():
+    warp_runtime.ensure_init()
+    with wp.Tape():
+        try:
+            with wp.Tape():
+                pass
+        except RuntimeError as e:
+            assert warp_runtime.is_nested_tape_error(e)
+        else:
+            raise AssertionError("Warp now allows nested tapes: revisit launch_function._run_untaped")

@@ -28,7 +28,7 @@ from .function_checks import (
 )
 from .plan import KernelPlan, Plan, host_bytes
 from .signature import Param, Signature
-from .warp_runtime import LOAD_LOCK, KeepingTape, refresh_struct_fields, tape_contents
+from .warp_runtime import LOAD_LOCK, KeepingTape, is_nested_tape_error, refresh_struct_fields, tape_contents
 
 
 def _wrap(p: Param, device: Any, ptr: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
@@ -66,14 +66,39 @@ def run_function(
         if not plan.warm[0]:
             args = _copies_of_inputs(plan, args)
         placeholders = [_mirror(a, zeroed=False) for a in _floating_ends(plan, args)] if record else []
-        with holder[0]:
-            sig.func(*args, **(keywords or {}))
-        if record:
+        refusal = None
+        try:
+            with holder[0]:
+                sig.func(*args, **(keywords or {}))
+        except RuntimeError as e:
+            if not (record and is_nested_tape_error(e)):
+                raise
+            refusal = _run_untaped(plan, args, keywords)
+            holder[0] = None
+        if holder[0] is not None and record:
             holder[0].settle()
         if args is not originals:
             _check_copies(plan, originals, args)
     # the function's frames refer to this one: keep no reference to the tape here
-    return Recording(plan, holder.pop(), args, placeholders) if record else None
+    return Recording(plan, holder.pop(), args, placeholders, refusal) if record else None
+
+
+def _run_untaped(plan: Plan, args: list, keywords: dict | None) -> str:
+    """Run a function that opens its own ``wp.Tape`` (a gradient inside it, forces from an
+    energy) again without warpbridge's, on zeroed outputs; return why its backward is refused:
+    it would need the gradient of Warp's adjoint, which Warp does not give."""
+    sig = plan.sig
+    for a in _floating_ends(plan, args):
+        a.grad = None
+    for y in args[len(sig.inputs) :]:
+        y.zero_()
+    sig.func(*args, **(keywords or {}))
+    return (
+        f"cannot differentiate: launch function {sig.func.__name__}() runs its own wp.Tape (a gradient inside "
+        "the function, such as forces from an energy), so differentiating its outputs would take the gradient "
+        "of Warp's adjoint, which Warp does not provide. Its forward is right: detach its outputs before the "
+        "loss, or give the op its own backward (@op.backward, see docs/custom-backward.md)"
+    )
 
 
 def _floating_ends(plan: Plan, args: list) -> list:
@@ -123,9 +148,10 @@ class Recording:
     """A launch function's taped forward, kept for its backward: the tape (with the frames
     that keep the function's objects alive) and the arrays it was called with."""
 
-    def __init__(self, plan: Plan, tape: KeepingTape, args: list, placeholders: list):
+    def __init__(self, plan: Plan, tape: KeepingTape | None, args: list, placeholders: list, refusal: str | None):
         self.plan = plan
         self.tape = tape
+        self.refusal = refusal  # why no backward runs through it (None: one may)
         self.args = args
         self.placeholders = placeholders  # the forward's gradient buffers of the inputs and outputs
         self.checked = False  # rule 7 passed once: the recorded launches do not change
@@ -152,6 +178,8 @@ def run_recorded_adjoint(
     backward starts from zeroed intermediate gradients, so a retained graph can be
     back-propagated any number of times."""
     plan, tape = rec.plan, rec.tape
+    if rec.refusal is not None:
+        raise fail(op.name, rec.refusal)
     with rec.lock, _scoped(plan.device, stream):
         ends = _attach_end_gradients(plan, rec.args, in_grads, out_grads)
         owned: list = [[]]

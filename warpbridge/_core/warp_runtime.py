@@ -13,7 +13,8 @@ warpbridge relies on these Warp internals (checked by :func:`check_internals`, w
   (:func:`recording_loop_mutations`), and ``warp._src.context.ModuleBuilder`` to generate a
   kernel's code without compiling it (:func:`build_code`);
 - ``wp.Tape.record_launch`` / ``record_func`` and the layout of ``tape.launches`` entries
-  (:class:`KeepingTape`, :func:`tape_contents`);
+  (:class:`KeepingTape`, :func:`tape_contents`), and the error a ``wp.Tape`` entered under
+  another raises (:func:`is_nested_tape_error`);
 - ``warp._src.context.Function``, ``warp._src.codegen.Struct`` / ``StructInstance`` and ``warp._src.types.int_types``
   (:func:`is_user_function`, :func:`is_struct`, :data:`INT_TYPES`).
 
@@ -308,6 +309,15 @@ class KeepingTape(wp.Tape):
     def kept_objects(self) -> list:
         """The objects the kept frames' locals hold."""
         return [v for f in self.frames for v in f.f_locals.values()] + [v for d in self.kept for v in d.values()]
+
+
+_NESTED_TAPE = "entering a tape while one is already active"
+
+
+def is_nested_tape_error(error: BaseException) -> bool:
+    """Whether ``error`` is Warp refusing a ``wp.Tape`` entered while another is active: a
+    launch function that opens its own, run under the tape warpbridge records it with."""
+    return isinstance(error, RuntimeError) and _NESTED_TAPE in str(error)
 
 
 class TapeContents(NamedTuple):
