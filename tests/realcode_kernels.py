@@ -531,3 +531,23 @@ def forces_from_an_energy(x: wp.array(dtype=f64), f: wp.array(dtype=f64)):
         wp.launch(cubic_energy, dim=x.shape[0], inputs=[xs], outputs=[e])
     tape.backward(e)
     wp.copy(f, xs.grad)
+
+
+# -- numbers computed on the host ------------------------------------------------------------
+
+
+def normalized_by_a_host_max(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """y = x / max(x), the max read on the host: a Python number the tape knows nothing of."""
+    c = 1.0 / float(x.numpy().max())
+    wp.launch(scale_into, dim=x.shape[0], inputs=[x, c, y])
+
+
+def halved_until_small(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """y = x / 2^n, n the halvings until max(y) < 1, checked on the host: how many launches
+    run depends on x, every number they take is a constant."""
+    t = wp.clone(x, requires_grad=True)
+    while float(t.numpy().max()) >= 1.0:
+        half = wp.zeros_like(t)
+        wp.launch(scale_into, dim=x.shape[0], inputs=[t, 0.5, half])
+        t = half
+    wp.copy(y, t)

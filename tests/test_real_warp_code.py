@@ -470,3 +470,27 @@ def test_a_function_with_a_tape_of_its_own_runs_and_its_backward_is_refused(reco
     assert xg.grad is None
     (f.detach() * xg).sum().backward()  # detached, as the message says
     torch.testing.assert_close(xg.grad, 3 * x**2)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_number_computed_on_the_host_from_the_inputs_is_refused(recompute):
+    # y = x / max(x) with the max read on the host: the gradient came back as 1 / max alone
+    op = wb.op(K.normalized_by_a_host_max, recompute=recompute)
+    x = torch.tensor([1.0, 4.0, 2.0], dtype=f64, requires_grad=True)
+    y = op(x)
+    torch.testing.assert_close(y, x.detach() / 4.0)
+    with pytest.raises(wb.WarpBridgeError, match="passes kernel 'scale_into' a number for 'c' that changes with"):
+        y.sum().backward()
+    assert x.grad is None
+
+
+def test_a_loop_run_as_often_as_the_data_asks_with_constant_numbers_is_right():
+    # the re-run on moved inputs may halve once more or less; the numbers both runs share match
+    op = wb.op(K.halved_until_small)
+    # 1.99 halves once; moved to 1.99 * 1.01 + 0.001 it halves twice
+    for values, halvings in (([1.99, 0.5, 0.25, 0.125], 1), ([0.5, 3.0, 1.5], 2), ([7.9, 0.1], 3), ([0.2, 0.99], 0)):
+        x = torch.tensor(values, dtype=f64, requires_grad=True)
+        y = op(x)
+        torch.testing.assert_close(y, x.detach() / 2**halvings)
+        y.sum().backward()
+        torch.testing.assert_close(x.grad, torch.full_like(x, 0.5**halvings))

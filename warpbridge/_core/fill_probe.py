@@ -5,6 +5,7 @@ run again on perturbed inputs and the arrays compared.
 No ``from __future__ import annotations`` here: the kernel's annotations must be objects.
 """
 
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,19 +32,45 @@ def perturbed(a: Any) -> Any:
     return copy
 
 
-def changed(func: Any, args: list, moved: Sequence[int], fills: Sequence[tuple]) -> list:
+def places(launches: Sequence[Any]) -> list:
+    """Each recorded launch's place: (kernel, how many launches of that kernel came before),
+    which a re-run whose loops ran more or fewer times still shares for what both ran."""
+    seen: dict = {}
+    found = []
+    for launch in launches:
+        n = seen.get(launch.kernel, 0)
+        seen[launch.kernel] = n + 1
+        found.append((launch.kernel, n))
+    return found
+
+
+def changed(func: Any, args: list, moved: Sequence[int], fills: Sequence[tuple], values: Sequence[tuple]) -> tuple:
     """Run ``func`` on ``args`` with the array arguments at positions ``moved`` perturbed (the
-    caller passes fresh outputs), recorded on a ``wp.Tape``; return the arrays of ``fills``
-    ((launch index, parameter label, array) from the first run) whose counterparts in this run
-    differ, or that this run has no counterpart for (its launches differ)."""
+    caller passes fresh outputs), recorded on a ``wp.Tape``, and compare with the first run:
+    ``fills``, (place, parameter label, array), and ``values``, (place, label, number) a launch
+    took by value. Returns the arrays that differ or that this run has no counterpart for, and
+    the (kernel, label) of the numbers that differ (one this run has no counterpart for, as
+    when a loop ran fewer times, is left out)."""
     args = [perturbed(a) if k in moved else a for k, a in enumerate(args)]
     probe = wp.Tape()
     with probe:
         func(*args)
     launches = tape_contents(probe).launches
-    found = []
-    for n, label, a in fills:
-        b = dict(launches[n].arrays).get(label) if n < len(launches) else None
+    at = dict(zip(places(launches), launches))
+    arrays = []
+    for place, label, a in fills:
+        b = dict(at[place].arrays).get(label) if place in at else None
         if b is None or b.shape != a.shape or b.dtype != a.dtype or host_bytes(b) != host_bytes(a):
-            found.append(a)
-    return found
+            arrays.append(a)
+    numbers = [
+        (place[0], label)
+        for place, label, v in values
+        if place in at and _bits(dict(at[place].args).get(label)) != _bits(v)
+    ]
+    return arrays, numbers
+
+
+def _bits(v: Any) -> bytes:
+    """A number's bits (NaN equals NaN): a Python float, a Warp scalar, vector or matrix."""
+    v = getattr(v, "value", v)
+    return struct.pack("<d", v) if isinstance(v, float) else bytes(v)

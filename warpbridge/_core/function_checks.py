@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import warp as wp
 
 from . import adjoint_check as _adjoint
+from . import fill_probe
 from .errors import WarpBridgeError, fail
 from .plan import host_bytes
 from .warp_runtime import KeepingTape, RecordedLaunch, TapeContents, recorded_kernels
@@ -33,7 +34,8 @@ class Untaped(NamedTuple):
 
     outputs: list  # floating outputs that no recorded launch or copy writes, holding values
     inner: list  # arrays made with requires_grad that recorded launches read, filled the same way
-    plain: list  # (launch index, parameter label, array): the same made without requires_grad
+    plain: list  # (place, parameter label, array): the same made without requires_grad
+    numbers: list  # (place, parameter label, value): the floating numbers launches took by value
 
 
 def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: TapeContents, spans: dict) -> Untaped:
@@ -68,7 +70,7 @@ def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: Ta
     ends = [span(a) for a in named.values()]
     written_ids = {id(a) for a in written_arrays}
     inner, plain = _untaped_inner(launches, spans, written_ids, ends + written)
-    return Untaped(_untaped_outputs(outputs, written), inner, plain)
+    return Untaped(_untaped_outputs(outputs, written), inner, plain, _numbers(launches))
 
 
 def spans_of(arrays: Sequence[Any]) -> dict:
@@ -175,21 +177,40 @@ def _untaped_inner(launches: list[RecordedLaunch], spans: dict, written: set, fi
     """The floating arrays that a recorded launch reads, that are no input or output and that
     nothing on the tape writes (``written``: the ids of the arrays it writes; ``filled``: the
     spans of those and of the inputs and outputs): those made with requires_grad and holding
-    values, as (array, why); and those made without, as (launch index, label, array), for
-    :func:`launch_function.refuse_input_dependent_fills` (constants look the same)."""
+    values, as (array, why); and those made without, as (place, label, array), for
+    :func:`launch_function.refuse_host_dependence` (constants look the same)."""
     reads = {k: _reads(k) for k in recorded_kernels(launches)}
     found: dict = {}
-    for n, launch in enumerate(launches):
+    for place, launch in zip(fill_probe.places(launches), launches):
         for label, a in launch.arrays:
             if label in reads[launch.kernel] and id(a) not in written and id(a) not in found:
-                found[id(a)] = (n, label, a)
+                found[id(a)] = (place, label, a)
     untaped = [
-        (n, label, a)
-        for n, label, a in found.values()
+        (place, label, a)
+        for place, label, a in found.values()
         if a.size and floating(a.dtype) and not any(overlap(spans[id(a)], m) for m in filled)
     ]
     inner = [(a, _inner_filled_outside(a)) for _, _, a in untaped if a.grad is not None and host_bytes(a).strip(b"\0")]
-    return inner, [(n, label, a) for n, label, a in untaped if a.grad is None]
+    return inner, [(place, label, a) for place, label, a in untaped if a.grad is None]
+
+
+def _numbers(launches: list[RecordedLaunch]) -> list:
+    """(place, label, value) for each floating scalar, vector or matrix a recorded launch took
+    by value: computed on the host, it may come from the inputs (``x.numpy().max()``), and
+    Warp's tape carries no gradient into a Python number."""
+    return [
+        (place, label, v)
+        for place, launch in zip(fill_probe.places(launches), launches)
+        for label, v in launch.args
+        if _is_floating_number(v)
+    ]
+
+
+def _is_floating_number(v: Any) -> bool:
+    if isinstance(v, float):
+        return True
+    t = type(v)
+    return t in _FLOATS or getattr(t, "_wp_scalar_type_", None) in _FLOATS
 
 
 def refuse_gradients_into(op: Any, untaped: list) -> None:
@@ -207,6 +228,16 @@ def _output_filled_outside(name: str) -> str:
         "gradient record nothing), so its gradient cannot reach the inputs. Compute it with a kernel, or copy it "
         "from an array made with requires_grad=True; if its values do not depend on the inputs, detach it before "
         "the loss"
+    )
+
+
+def input_dependent_number(kernel: Any, label: str) -> str:
+    """Why a backward refuses a number passed to a kernel by value that changes with the inputs."""
+    return (
+        f"passes kernel '{kernel.key}' a number for '{label}' that changes with the inputs: computed on the host "
+        "(from values read back out of arrays, wp.utils.array_sum without out=), it carries no gradient, so the "
+        "gradient through it would be lost. Compute it with a kernel into an array the kernel reads, or make it "
+        "an argument of the op"
     )
 
 

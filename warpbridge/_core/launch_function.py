@@ -20,6 +20,7 @@ from .function_checks import (
     check_recorded,
     floating,
     input_dependent_fill,
+    input_dependent_number,
     input_written,
     overlap,
     refuse_gradients_into,
@@ -158,7 +159,7 @@ class Recording:
         self.arrays: list = []  # every array the tape recorded (read before its first backward)
         self.spans: dict = {}  # their memory spans, by id
         self.fields: list = []  # the array fields of the structs its launches took
-        self.untaped = Untaped([], [], [])  # what was filled outside the tape: no gradient may come into it
+        self.untaped = Untaped([], [], [], [])  # what was filled outside the tape: no gradient may come into it
         self.passes = 0  # backwards run through the tape
         self.lock = threading.Lock()  # one backward at a time: they share the gradients
 
@@ -202,7 +203,7 @@ def run_recorded_adjoint(
             refresh_struct_fields(rec.fields)
             tape.backward()
             refuse_gradients_into(op, rec.untaped.inner)
-            refuse_input_dependent_fills(op, rec, in_grads)
+            refuse_host_dependence(op, rec, in_grads)
             for a, target, _ in ends:
                 if target is not None:  # a gradient laid out unlike its buffer: copied back
                     wp.copy(target, a.grad)
@@ -213,34 +214,34 @@ def run_recorded_adjoint(
             tape.gradients = {}  # no reference to this backward's buffers survives it
 
 
-def refuse_input_dependent_fills(op: Any, rec: Recording, in_grads: Sequence[int]) -> None:
-    """Refuse a backward through an array made without requires_grad that nothing on the tape
-    writes (filled by ``wp.utils.array_sum``, a launch with ``record_tape=False``), that a
-    gradient reached and whose values change with the inputs: that gradient stops there.
+def refuse_host_dependence(op: Any, rec: Recording, in_grads: Sequence[int]) -> None:
+    """Refuse a backward through what the tape cannot follow back to the inputs: an array made
+    without requires_grad that nothing on the tape writes (filled by ``wp.utils.array_sum``, a
+    launch with ``record_tape=False``) and that a gradient reached, or a floating number a
+    kernel took by value, whose values change with the inputs: the gradient stops there.
 
-    A table of constants looks the same on the tape. The first backward of a plan that meets
-    such arrays re-runs the function on perturbed copies of the inputs that take a gradient
-    (:mod:`fill_probe`) and compares them; the plan remembers the arrays it found constant."""
-    plain = rec.untaped.plain
-    if not plain:
+    Constants look the same on the tape. The first backward of a plan that meets either re-runs
+    the function on perturbed copies of the inputs that take a gradient (:mod:`fill_probe`)
+    and compares; the plan remembers what it found constant."""
+    untaped = rec.untaped
+    if not untaped.plain and not untaped.numbers:
         return
     plan = rec.plan
     constants = plan.cache.setdefault("constant fills", set())
-    key = tuple((n, label) for n, label, _ in plain)
+    key = tuple((place, label) for place, label, _ in untaped.plain + untaped.numbers)
     if key in constants:
         return
-    reached = [(n, label, a) for n, label, a in plain if a.grad is not None and host_bytes(a.grad).strip(b"\0")]
-    if not reached:
+    reached = [(p, label, a) for p, label, a in untaped.plain if a.grad is not None and host_bytes(a.grad).strip(b"\0")]
+    if not reached and not untaped.numbers:
         return
     sig = plan.sig
     args = rec.args[: len(sig.inputs)] + [wp.zeros_like(y, requires_grad=False) for y in rec.args[len(sig.inputs) :]]
     moved = [p.position for k, p in enumerate(sig.array_inputs) if in_grads[k] and p.is_float]
     with LOAD_LOCK:  # rare, and its kernel's module may load now
-        found = fill_probe.changed(sig.func, args, moved, reached)
-    if found:
-        raise fail(
-            op.name, f"cannot differentiate: launch function {sig.func.__name__}() {input_dependent_fill(found[0])}"
-        )
+        arrays, numbers = fill_probe.changed(sig.func, args, moved, reached, untaped.numbers)
+    why = [input_dependent_fill(a) for a in arrays] + [input_dependent_number(k, label) for k, label in numbers]
+    if why:
+        raise fail(op.name, f"cannot differentiate: launch function {sig.func.__name__}() {why[0]}")
     constants.add(key)
 
 
