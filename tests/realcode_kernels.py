@@ -551,3 +551,19 @@ def halved_until_small(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
         wp.launch(scale_into, dim=x.shape[0], inputs=[t, 0.5, half])
         t = half
     wp.copy(y, t)
+
+
+def jittered_on_the_host(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """y = x * (1 + noise), the noise drawn on the host at every call: it changes between two
+    runs on the same inputs, so it is no value of the inputs."""
+    import numpy as np
+
+    noise = wp.array(1.0 + 0.01 * np.random.default_rng().standard_normal(x.shape[0]), dtype=f64, device=x.device)
+    wp.launch(scale_by_table, dim=x.shape[0], inputs=[x, noise, y])
+
+
+def only_for_x0_equal_to_one(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    """Raises for any first value but 1 (read on the host), and passes a constant number."""
+    if float(x.numpy()[0]) != 1.0:
+        raise ValueError("x[0] must be 1")
+    wp.launch(scale_into, dim=x.shape[0], inputs=[x, 2.0, y])

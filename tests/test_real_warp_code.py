@@ -494,3 +494,22 @@ def test_a_loop_run_as_often_as_the_data_asks_with_constant_numbers_is_right():
         torch.testing.assert_close(y, x.detach() / 2**halvings)
         y.sum().backward()
         torch.testing.assert_close(x.grad, torch.full_like(x, 0.5**halvings))
+
+
+def test_host_randomness_is_not_taken_for_a_value_of_the_inputs():
+    # the re-run on moved inputs sees new noise; one more on the same inputs sees it change too
+    op = wb.op(K.jittered_on_the_host)
+    x = torch.tensor([1.0, 2.0, 3.0], dtype=f64, requires_grad=True)
+    y = op(x)
+    noise = y.detach() / x.detach()
+    assert ((noise - 1).abs() < 0.1).all() and not torch.equal(noise, torch.ones(3, dtype=f64))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, noise)
+
+
+def test_a_rerun_that_raises_is_reported_as_a_refusal():
+    op = wb.op(K.only_for_x0_equal_to_one)
+    x = torch.tensor([1.0, 3.0], dtype=f64, requires_grad=True)
+    y = op(x)
+    with pytest.raises(wb.WarpBridgeError, match="re-running it on slightly moved inputs .* raised ValueError"):
+        y.sum().backward()

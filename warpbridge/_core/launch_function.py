@@ -235,10 +235,28 @@ def refuse_host_dependence(op: Any, rec: Recording, in_grads: Sequence[int]) -> 
     if not reached and not untaped.numbers:
         return
     sig = plan.sig
-    args = rec.args[: len(sig.inputs)] + [wp.zeros_like(y, requires_grad=False) for y in rec.args[len(sig.inputs) :]]
     moved = [p.position for k, p in enumerate(sig.array_inputs) if in_grads[k] and p.is_float]
-    with LOAD_LOCK:  # rare, and its kernel's module may load now
-        arrays, numbers = fill_probe.changed(sig.func, args, moved, reached, untaped.numbers)
+
+    def rerun(perturb: list) -> tuple:
+        args = rec.args[: len(sig.inputs)] + [
+            wp.zeros_like(y, requires_grad=False) for y in rec.args[len(sig.inputs) :]
+        ]
+        return fill_probe.changed(sig.func, args, perturb, reached, untaped.numbers)
+
+    try:
+        with LOAD_LOCK:  # rare, and its kernel's module may load now
+            arrays, numbers = rerun(moved)
+            if arrays or numbers:  # what also changes on the same inputs is random, not theirs
+                same_arrays, same_numbers = rerun([])
+                arrays = [a for a in arrays if not any(a is b for b in same_arrays)]
+                numbers = [n for n in numbers if n not in same_numbers]
+    except Exception as e:
+        raise fail(
+            op.name,
+            f"cannot differentiate: launch function {sig.func.__name__}() fills arrays or passes numbers outside "
+            "Warp's tape, and re-running it on slightly moved inputs to see whether they depend on them raised "
+            f"{type(e).__name__}: {e}",
+        ) from e
     why = [input_dependent_fill(a) for a in arrays] + [input_dependent_number(k, label) for k, label in numbers]
     if why:
         raise fail(op.name, f"cannot differentiate: launch function {sig.func.__name__}() {why[0]}")
