@@ -1,6 +1,7 @@
-"""Whether arrays a launch function filled outside Warp's tape hold constants or values of
-its inputs: the tape shows neither how they were filled nor from what, so the function is
-run again on perturbed inputs and the arrays compared.
+"""Whether what a launch function filled outside Warp's tape (arrays no recorded launch
+writes, numbers its kernels take by value) holds constants or values of its inputs: the tape
+shows neither how they were filled nor from what, so the function is run again on perturbed
+inputs and they are compared.
 
 No ``from __future__ import annotations`` here: the kernel's annotations must be objects.
 """
