@@ -295,3 +295,17 @@ def test_ragged_batches_under_jit_and_grad_have_torchs_values_and_gradients():
         np.testing.assert_allclose(np.asarray(ours), theirs.grad.numpy(), rtol=1e-12, atol=1e-12)
     edges = jax.jit(lambda x, b: wb.ops.knn_graph(x, 3, batch=b))(args[1], args[4])
     np.testing.assert_array_equal(np.asarray(edges), wb.ops.knn_graph(rt, 3, batch=torch.tensor(rb)).numpy())
+
+
+def test_what_the_tape_cannot_follow_is_refused_under_jax_too():
+    # a launch function's kernels are known only when it runs: the refusal comes out of the
+    # backward's callback as JAX's runtime error, carrying warpbridge's message
+    import realcode_kernels as R
+
+    x = jnp.asarray([1.0, 4.0, 2.0])
+    host_max, array_sum = wb.op(R.normalized_by_a_host_max), wb.op(R.offset_by_an_array_sum)
+    np.testing.assert_allclose(np.asarray(host_max(x)), np.asarray(x) / 4.0)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="WarpBridgeError: .*a number for 'c' that changes with"):
+        jax.grad(lambda a: jnp.sum(host_max(a)))(x)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="WarpBridgeError: .*whose values change with the inputs"):
+        jax.grad(lambda a: jnp.sum(array_sum(a)))(x)
