@@ -167,8 +167,8 @@ def test_a_table_larger_than_every_other_array_is_read_once_per_plan(monkeypatch
     for module in (function_checks, launch_function, fill_probe):
         real = module.host_bytes
         monkeypatch.setattr(module, "host_bytes", lambda a, real=real: read.append(a.size) or real(a))
-    real_changed = fill_probe.changed
-    monkeypatch.setattr(fill_probe, "changed", lambda *a: probes.append(1) or real_changed(*a))
+    real_probe = fill_probe.input_dependent
+    monkeypatch.setattr(fill_probe, "input_dependent", lambda *a: probes.append(1) or real_probe(*a))
     op = wb.op(K.scaled_by_a_large_table)
     x = _values((5,), seed=9).requires_grad_()
     for step in range(3):
@@ -194,8 +194,8 @@ def test_an_input_dependent_array_filled_outside_the_tape_without_requires_grad_
 
 def test_constants_filled_outside_the_tape_are_probed_once_per_plan(monkeypatch):
     probes = []
-    real_changed = fill_probe.changed
-    monkeypatch.setattr(fill_probe, "changed", lambda *a: probes.append(1) or real_changed(*a))
+    real_probe = fill_probe.input_dependent
+    monkeypatch.setattr(fill_probe, "input_dependent", lambda *a: probes.append(1) or real_probe(*a))
     op = wb.op(K.scaled_by_constants)
     x = _values((7,), seed=13).requires_grad_()  # a shape of its own: a plan no other test made
     for _ in range(3):

@@ -45,14 +45,32 @@ def places(launches: Sequence[Any]) -> list:
     return found
 
 
-def changed(func: Any, args: list, moved: Sequence[int], fills: Sequence[tuple], values: Sequence[tuple]) -> tuple:
-    """Run ``func`` on ``args`` with the array arguments at positions ``moved`` perturbed (the
-    caller passes fresh outputs), recorded on a ``wp.Tape``, and compare with the first run:
-    ``fills``, (place, parameter label, array), and ``values``, (place, label, number) a launch
-    took by value. Returns the arrays that differ or that this run has no counterpart for, and
-    the (kernel, label) of the numbers that differ (one this run has no counterpart for, as
-    when a loop ran fewer times, is left out)."""
-    args = [perturbed(a) if k in moved else a for k, a in enumerate(args)]
+def input_dependent(
+    func: Any, args: list, n_inputs: int, moved: Sequence[int], fills: Sequence[tuple], values: Sequence[tuple]
+) -> tuple:
+    """What of the first run of ``func`` on ``args`` (its first ``n_inputs`` are inputs) moves
+    with the inputs at positions ``moved``: ``fills``, (place, parameter label, array), and
+    ``values``, (place, label, number) a launch took by value. Returns the arrays and the
+    (kernel, label) of the numbers that moved on perturbed inputs but not in one more run on
+    the same inputs (what moves there is randomness, not a value of the inputs)."""
+    arrays, numbers = _changed(func, args, n_inputs, moved, fills, values)
+    if arrays or numbers:
+        random_arrays, random_numbers = _changed(func, args, n_inputs, [], fills, values)
+        arrays = [a for a in arrays if not any(a is b for b in random_arrays)]
+        numbers = [n for n in numbers if n not in random_numbers]
+    return arrays, numbers
+
+
+def _changed(
+    func: Any, args: list, n_inputs: int, moved: Sequence[int], fills: Sequence[tuple], values: Sequence[tuple]
+) -> tuple:
+    """Run ``func`` on fresh zeroed outputs, with the array inputs at positions ``moved``
+    perturbed, recorded on a ``wp.Tape``, and compare with the first run. Returns the arrays
+    of ``fills`` that differ or that this run has no counterpart for, and the (kernel, label)
+    of the numbers that differ (one this run has no counterpart for, as when a loop ran fewer
+    times, is left out)."""
+    outputs = [wp.zeros_like(y, requires_grad=False) for y in args[n_inputs:]]
+    args = [perturbed(a) if k in moved else a for k, a in enumerate(args[:n_inputs])] + outputs
     probe = wp.Tape()
     with probe:
         func(*args)

@@ -60,17 +60,29 @@ def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: Ta
     written_arrays = [a for launch in launches for label, a in launch.arrays if label in writes[launch.kernel]]
     written_arrays += list(tape.gradients)  # recorded copies' arrays
     written = [spans.get(id(a)) or span(a) for a in written_arrays]
-    _check_unrecorded_copies(op, contents.arrays, named, written)
+    ends = [span(a) for a in named.values()]
+    outside = _filled_outside(contents.arrays, spans, {id(a) for a in written_arrays}, ends + written)
+    _check_unrecorded_copies(op, [a for a in outside.values() if a.grad is None], named, contents.arrays)
     found: tuple = ()
     for k in kernels:
         if not op.trusts(k):
             found += tuple(h for h in _adjoint.kernel_hazards(k) if not op.trusts(h.kernel))
     if found:
         raise WarpBridgeError(_adjoint.refusal(op.name, found))
-    ends = [span(a) for a in named.values()]
-    written_ids = {id(a) for a in written_arrays}
-    inner, plain = _untaped_inner(launches, spans, written_ids, ends + written)
-    return Untaped(_untaped_outputs(outputs, written), inner, plain, _numbers(launches))
+    places = fill_probe.places(launches)
+    inner, plain = _untaped_inner(launches, places, kernels, outside)
+    return Untaped(_untaped_outputs(outputs, written), inner, plain, _numbers(launches, places))
+
+
+def _filled_outside(arrays: Sequence[Any], spans: dict, written: set, filled: list) -> dict:
+    """The floating arrays among ``arrays``, by id, that are no input or output and that
+    nothing on the tape writes (``written``: the ids of the arrays it writes; ``filled``: the
+    spans of those and of the inputs and outputs)."""
+    return {
+        id(a): a
+        for a in arrays
+        if a.size and floating(a.dtype) and id(a) not in written and not any(overlap(spans[id(a)], m) for m in filled)
+    }
 
 
 def spans_of(arrays: Sequence[Any]) -> dict:
@@ -133,20 +145,15 @@ def _check_geometry(op: Any, tape: KeepingTape, launches: list[RecordedLaunch], 
             )
 
 
-def _check_unrecorded_copies(op: Any, arrays: Sequence[Any], named: dict, written: list) -> None:
+def _check_unrecorded_copies(op: Any, bare: Sequence[Any], named: dict, arrays: Sequence[Any]) -> None:
     """Warp records a copy (``wp.copy``, ``.assign()``, ``wp.clone``) only between arrays that
     both have a gradient: a copy into an array made without ``requires_grad`` cuts the gradient
-    silently. Refuse where the recording shows one: an array without a gradient that no
-    recorded launch writes holding a copy of another recorded array's values (an array of
-    zeros proves nothing and passes: zero forces a kernel only reads are common)."""
-    filled = [span(a) for a in named.values()] + written
+    silently. Refuse where the recording shows one: an array without a gradient that nothing on
+    the tape writes (``bare``) holding a copy of another recorded array's values (of ``named``,
+    the inputs and outputs, or ``arrays``; an array of zeros proves nothing and passes: zero
+    forces a kernel only reads are common)."""
     sources = list(named.items()) + [(None, a) for a in arrays]
-    for a in arrays:
-        if a.grad is not None or not a.size or not floating(a.dtype):
-            continue
-        memory = span(a)
-        if any(overlap(memory, m) for m in filled):
-            continue
+    for a in bare:
         copied = _copied_from(a, sources)
         if copied is not None:
             name, s = copied
@@ -173,34 +180,29 @@ def _untaped_outputs(outputs: dict, written: list) -> list:
     ]
 
 
-def _untaped_inner(launches: list[RecordedLaunch], spans: dict, written: set, filled: list) -> tuple[list, list]:
-    """The floating arrays that a recorded launch reads, that are no input or output and that
-    nothing on the tape writes (``written``: the ids of the arrays it writes; ``filled``: the
-    spans of those and of the inputs and outputs): those made with requires_grad and holding
-    values, as (array, why); and those made without, as (place, label, array), for
-    :func:`launch_function.refuse_host_dependence` (constants look the same)."""
-    reads = {k: _reads(k) for k in recorded_kernels(launches)}
+def _untaped_inner(launches: list[RecordedLaunch], places: list, kernels: list, outside: dict) -> tuple[list, list]:
+    """The arrays filled outside the tape (``outside``, by id) that a recorded launch reads:
+    those made with requires_grad and holding values, as (array, why); and those made without,
+    as (place, label, array), for :func:`launch_function.refuse_host_dependence` (constants
+    look the same)."""
+    reads = {k: _reads(k) for k in kernels}
     found: dict = {}
-    for place, launch in zip(fill_probe.places(launches), launches):
+    for place, launch in zip(places, launches):
         for label, a in launch.arrays:
-            if label in reads[launch.kernel] and id(a) not in written and id(a) not in found:
+            if id(a) in outside and id(a) not in found and label in reads[launch.kernel]:
                 found[id(a)] = (place, label, a)
-    untaped = [
-        (place, label, a)
-        for place, label, a in found.values()
-        if a.size and floating(a.dtype) and not any(overlap(spans[id(a)], m) for m in filled)
-    ]
+    untaped = list(found.values())
     inner = [(a, _inner_filled_outside(a)) for _, _, a in untaped if a.grad is not None and host_bytes(a).strip(b"\0")]
     return inner, [(place, label, a) for place, label, a in untaped if a.grad is None]
 
 
-def _numbers(launches: list[RecordedLaunch]) -> list:
+def _numbers(launches: list[RecordedLaunch], places: list) -> list:
     """(place, label, value) for each floating scalar, vector or matrix a recorded launch took
     by value: computed on the host, it may come from the inputs (``x.numpy().max()``), and
     Warp's tape carries no gradient into a Python number."""
     return [
         (place, label, v)
-        for place, launch in zip(fill_probe.places(launches), launches)
+        for place, launch in zip(places, launches)
         for label, v in launch.args
         if _is_floating_number(v)
     ]

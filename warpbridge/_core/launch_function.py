@@ -236,20 +236,11 @@ def refuse_host_dependence(op: Any, rec: Recording, in_grads: Sequence[int]) -> 
         return
     sig = plan.sig
     moved = [p.position for k, p in enumerate(sig.array_inputs) if in_grads[k] and p.is_float]
-
-    def rerun(perturb: list) -> tuple:
-        args = rec.args[: len(sig.inputs)] + [
-            wp.zeros_like(y, requires_grad=False) for y in rec.args[len(sig.inputs) :]
-        ]
-        return fill_probe.changed(sig.func, args, perturb, reached, untaped.numbers)
-
     try:
         with LOAD_LOCK:  # rare, and its kernel's module may load now
-            arrays, numbers = rerun(moved)
-            if arrays or numbers:  # what also changes on the same inputs is random, not theirs
-                same_arrays, same_numbers = rerun([])
-                arrays = [a for a in arrays if not any(a is b for b in same_arrays)]
-                numbers = [n for n in numbers if n not in same_numbers]
+            arrays, numbers = fill_probe.input_dependent(
+                sig.func, rec.args, len(sig.inputs), moved, reached, untaped.numbers
+            )
     except Exception as e:
         raise fail(
             op.name,
