@@ -10,7 +10,7 @@ from kernels import axpb
 
 import warpbridge as wb
 from warpbridge import GradBuffer, WarpBridgeError
-from warpbridge._backends.torch import arrays as torch_core
+from warpbridge._backends.torch import backend as torch_core
 
 
 def mlp(seed=0, dtype=torch.float64):

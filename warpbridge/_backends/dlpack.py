@@ -59,6 +59,23 @@ class _Warp(WarpArrays):
     array_name = "array (DLPack, __cuda_array_interface__ or wp.array)"
     default_device = "cpu"
 
+    @staticmethod
+    def info(a: Any) -> tuple[str, tuple[int, ...], str]:
+        w = a if isinstance(a, wp.array) else (wp.from_dlpack(a) if hasattr(a, "__dlpack__") else None)
+        if w is None:  # __cuda_array_interface__ only
+            desc = a.__cuda_array_interface__
+            return np.dtype(desc["typestr"]).name, tuple(desc["shape"]), "cuda"
+        name, shape, _, _, device = BACKEND.meta(w)
+        return name or str(w.dtype), shape, str(device)
+
+    @staticmethod
+    def cast(a: Any, dtype_name: str) -> Any:
+        raise TypeError(f"arrays passed through DLPack are not cast; pass {dtype_name} arrays")
+
+    @staticmethod
+    def take(values: Any, indices: list) -> Any:
+        raise TypeError("arrays passed through DLPack are not gathered; build the wp.indexedarray yourself")
+
 
 def _to_warp(op: Any, p: Any, a: Any) -> wp.array:
     if getattr(a, "requires_grad", False) is True:
@@ -119,19 +136,6 @@ def _need_cuda(op: Any, p: Any) -> None:
         )
 
 
-def info(a: Any) -> tuple[str, tuple[int, ...], str]:
-    w = a if isinstance(a, wp.array) else (wp.from_dlpack(a) if hasattr(a, "__dlpack__") else None)
-    if w is None:  # __cuda_array_interface__ only
-        desc = a.__cuda_array_interface__
-        return np.dtype(desc["typestr"]).name, tuple(desc["shape"]), "cuda"
-    name, shape, _, _, device = BACKEND.meta(w)
-    return name or str(w.dtype), shape, str(device)
-
-
-def cast(a: Any, dtype_name: str) -> Any:
-    raise TypeError(f"arrays passed through DLPack are not cast; pass {dtype_name} arrays")
-
-
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     warp_runtime.ensure_init()
     op.check_arity(args)
@@ -161,17 +165,10 @@ def _like(first: Any, outs: list, device: Any) -> list:
     return [o.numpy() for o in outs]
 
 
-def take(values: Any, indices: list) -> Any:
-    raise TypeError("arrays passed through DLPack are not gathered; build the wp.indexedarray yourself")
-
-
 class WarpBackend(_Warp):
     """wp.array and any DLPack / __cuda_array_interface__ producer; forward only."""
 
     call = staticmethod(call)
-    info = staticmethod(info)
-    cast = staticmethod(cast)
-    take = staticmethod(take)
 
 
 BACKEND = WarpBackend()

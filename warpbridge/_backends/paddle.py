@@ -80,6 +80,21 @@ class _Paddle(Backend):
     def ptr(a: paddle.Tensor) -> int:
         return a.data_ptr()
 
+    @staticmethod
+    def info(a: paddle.Tensor) -> tuple[str, tuple[int, ...], str]:
+        return DTYPE_NAMES.get(a.dtype) or str(a.dtype).replace("paddle.", ""), tuple(a.shape), _place_name(a)
+
+    @staticmethod
+    def cast(a: paddle.Tensor, dtype_name: str) -> paddle.Tensor:
+        return a.astype(dtype_name)
+
+    @staticmethod
+    def take(values: paddle.Tensor, indices: list) -> paddle.Tensor:
+        for d, idx in enumerate(indices):
+            if idx is not None:
+                values = paddle.index_select(values, idx, axis=d)
+        return values
+
 
 def refuse_second_order(name: str) -> None:
     """Paddle runs a PyLayer's backward with gradients enabled only under create_graph=True:
@@ -151,14 +166,6 @@ class _Apply(PyLayer):
         return result[0] if len(result) == 1 else result
 
 
-def info(a: paddle.Tensor) -> tuple[str, tuple[int, ...], str]:
-    return DTYPE_NAMES.get(a.dtype) or str(a.dtype).replace("paddle.", ""), tuple(a.shape), _place_name(a)
-
-
-def cast(a: paddle.Tensor, dtype_name: str) -> paddle.Tensor:
-    return a.astype(dtype_name)
-
-
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     pr = _validate.prepare(op, args, launch_dims, output_dims, _Paddle)
     # no node where no output carries a gradient (Paddle would call its backward all the same)
@@ -173,20 +180,10 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def take(values: paddle.Tensor, indices: list) -> paddle.Tensor:
-    for d, idx in enumerate(indices):
-        if idx is not None:
-            values = paddle.index_select(values, idx, axis=d)
-    return values
-
-
 class PaddleBackend(_Paddle):
     """Paddle: one ``PyLayer`` per call (``_Apply``), the shared gradient rules in its backward."""
 
     call = staticmethod(call)
-    info = staticmethod(info)
-    cast = staticmethod(cast)
-    take = staticmethod(take)
 
 
 BACKEND = PaddleBackend()

@@ -25,7 +25,9 @@ from typing import Any
 import torch
 
 from ..._core.errors import fail
-from .arrays import save_for_backward
+from . import backend as _core
+from . import registered_op
+from .backend import save_for_backward
 
 # Whether a torch.func transform (vmap, grad, vjp, jacrev, ...) is running
 active = torch._C._are_functorch_transforms_active
@@ -99,9 +101,13 @@ def sequential(batch: int, in_dims: Sequence, xs: Sequence, fn: Callable[[list],
     return outs, (0,) * len(outs)
 
 
-def apply(rule: Rule, tensors: Sequence[torch.Tensor]) -> tuple:
-    """Run ``rule`` on tensors wrapped by torch.func transforms."""
-    return _Forward.apply(rule, *tensors)
+def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
+    """A call of ``op`` while a torch.func transform is active: its :class:`OpRule` on the
+    wrapped tensors."""
+    op.check_arity(args)
+    rule = OpRule(op, args, launch_dims, output_dims)
+    outs = _Forward.apply(rule, *[args[i] for i in op._array_positions])
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def backward_call(rule: Rule, needs: tuple, tensors: Sequence, outputs: Sequence, grads: Sequence) -> tuple:
@@ -208,9 +214,6 @@ class OpRule(Rule):
     save_outputs = False
 
     def __init__(self, op: Any, args: Sequence[Any], launch_dims: Any, output_dims: Any):
-        from . import arrays as _core
-
-        self._core = _core
         self.op, self.name = op, op.name
         self.args = list(args)
         for i in op._array_positions:
@@ -227,18 +230,16 @@ class OpRule(Rule):
 
     def forward(self, tensors: Sequence[torch.Tensor]) -> tuple:
         if torch.compiler.is_compiling():  # traced: the registered op, which has a fake kernel
-            from . import registered_op as _library
-
-            out = _library.call(self.op, self._args(tensors), self.ld, self.od)
+            out = registered_op.call(self.op, self._args(tensors), self.ld, self.od)
             return out if isinstance(out, tuple) else (out,)
-        c, ts = self._core.prepare_cached(self.op, self._args(tensors), self.ld, self.od)
-        return tuple(self._core.forward(c, ts))
+        c, ts = _core.prepare_cached(self.op, self._args(tensors), self.ld, self.od)
+        return tuple(_core.forward(c, ts))
 
     def backward(self, needs: tuple, tensors: Sequence, outputs: Sequence, grads: Sequence) -> tuple:
-        c, ts = self._core.prepare_cached(self.op, self._args(tensors), self.ld, self.od)
+        c, ts = _core.prepare_cached(self.op, self._args(tensors), self.ld, self.od)
         it = iter(grads)
         full = [next(it) if f else None for f in self.float_outputs]
-        got = self._core.backward(c, ts, full, needs, outputs=outputs if self.save_outputs else None)
+        got = _core.backward(c, ts, full, needs, outputs=outputs if self.save_outputs else None)
         return tuple(g if g is not None else torch.zeros_like(t) for g, t, n in zip(got, ts, needs) if n)
 
     def eager(self, tensors: Sequence[torch.Tensor]) -> tuple:

@@ -20,7 +20,7 @@ from ..._core import validate as _validate
 from ..._core.errors import fail
 from ..._core.op import WarpOp
 from ..._core.signature import STRUCT
-from . import arrays as _core
+from . import backend as _core
 
 _LIB = torch.library.Library("warpbridge", "FRAGMENT")  # keep alive: it owns the registrations
 _REGISTERED: dict[str, tuple[Any, Any]] = {}  # name -> (the op it was registered for, the torch op)
