@@ -269,11 +269,11 @@ def test_a_forest_is_each_cloud_s_own_tree_and_comes_back_from_its_order():
     (no splits) gives the forest back."""
     import warp as wp
 
-    from warpbridge.ops import _batches, _launch, _tree
+    from warpbridge.ops import _batches, _tree
 
     r = torch.from_numpy(D.make("lidar sweep 150 m, 10% duplicates", sum(REF_SIZES), seed=4)[0])
     r[301, 1] = float("nan")  # a point that is not finite sorts last in its cloud
-    k = _launch.kernels_for("float32", wp.get_device("cpu"))
+    k = _tree.kernels_for("float32", wp.get_device("cpu"))
     points = wp.from_torch(r, dtype=wp.vec3)
     values = _batch(REF_SIZES).numpy()
     forest = _tree.Forest(*_batches.clouds(values, len(REF_SIZES), points.device))

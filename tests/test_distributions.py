@@ -129,10 +129,10 @@ def test_tree_is_a_median_split_by_planes(name, by_sort):
     halves have the sizes the implicit layout gives."""
     import warp as wp
 
-    from warpbridge.ops import _launch, _tree
+    from warpbridge.ops import _tree
 
     r, _ = D.make(name, 3000)
-    k = _launch.kernels_for("float32", wp.get_device("cpu"))
+    k = _tree.kernels_for("float32", wp.get_device("cpu"))
     points = wp.from_numpy(r, dtype=wp.vec3)
     tree = _tree.tree(k, points)  # the arrays; built again, the asked way:
     _tree.build_tree(k, points, tree, wp.get_device("cpu"), None, by_sort=by_sort)
@@ -158,17 +158,18 @@ def test_a_packed_build_makes_the_same_tree(name, dtype, monkeypatch):
     import numpy as np
     import warp as wp
 
-    from warpbridge.ops import _launch, _tree
+    from warpbridge._core import cpu_launch
+    from warpbridge.ops import _tree
 
     r, _ = D.make(name, 3000)
-    k = _launch.kernels_for(dtype, wp.get_device("cpu"))
+    k = _tree.kernels_for(dtype, wp.get_device("cpu"))
     points = wp.from_numpy(r.astype(dtype), dtype=k.V)
     trees = {}
     for threads in (1, 2):
         # 0: every level in place; 50: in place down to the nodes of at most 50 points
         for room in (0, 50, _tree.ITEMS_ROOM):
             monkeypatch.setattr(_tree, "ITEMS_ROOM", room)
-            monkeypatch.setattr(_launch, "_num_threads", threads)
+            monkeypatch.setattr(cpu_launch, "_num_threads", threads)
             trees[threads, room] = [a.numpy().copy() for a in _tree.tree(k, points)]
     first = trees[1, 0]
     assert sorted(first[0].tolist()) == list(range(len(r)))
@@ -232,13 +233,13 @@ def test_queries_go_in_morton_order(name, monkeypatch):
     import numpy as np
     import warp as wp
 
-    from warpbridge.ops import _launch, _tree
+    from warpbridge.ops import _tree
     from warpbridge.ops.kdtree import morton as _kernels
 
     r, q = D.make(name, 3000)
     q[::97] = np.nan
     q[5::97] = (np.inf, 0.0, 0.0)
-    k = _launch.kernels_for("float32", wp.get_device("cpu"))
+    k = _tree.kernels_for("float32", wp.get_device("cpu"))
     cpu = wp.get_device("cpu")
     refs = wp.from_numpy(r, dtype=wp.vec3)
     tree = _tree.tree(k, refs)

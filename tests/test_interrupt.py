@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import warpbridge as wb
-from warpbridge.ops import _cpu_team, _launch, _tree
+from warpbridge._core import cpu_launch, cpu_team
+from warpbridge.ops import _tree
 
 
 def _cloud(n, f, seed):
@@ -36,9 +37,9 @@ def test_many_small_segments_give_the_same_bits(monkeypatch, openmp):
     r, f = _cloud(4000, 4, 2)
     whole = _every_result(q, r, f)
     if not openmp:
-        monkeypatch.setattr(_cpu_team, "TEAMS", {})
-    monkeypatch.setattr(_launch, "FIRST_SEGMENT", 37)  # not a multiple of the slots
-    monkeypatch.setattr(_launch, "SEGMENT_SECONDS", 1e-9)  # every later segment as short as allowed
+        monkeypatch.setattr(cpu_team, "TEAMS", {})
+    monkeypatch.setattr(cpu_launch, "FIRST_SEGMENT", 37)  # not a multiple of the slots
+    monkeypatch.setattr(cpu_launch, "SEGMENT_SECONDS", 1e-9)  # every later segment as short as allowed
     monkeypatch.setattr(_tree, "SUBTREE_MAX", 300)  # the build's subtrees in many segments
     cut = _every_result(q, r, f)
     for name, a, b in zip(["dist", "idx", "knn_aggregate", "radius_aggregate", "dq", "dr", "df"], whole, cut):
@@ -46,7 +47,7 @@ def test_many_small_segments_give_the_same_bits(monkeypatch, openmp):
 
 
 def test_segments_cover_every_query_once_aligned_to_the_slots():
-    spans = list(_launch.segments(1001, 4, 10))
+    spans = list(cpu_launch.segments(1001, 4, 10))
     starts = [s for s, _ in spans]
     assert all(s % 4 == 0 for s in starts)
     covered = [i for s, c in spans for i in range(s, s + c)]

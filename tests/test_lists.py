@@ -271,10 +271,10 @@ def test_compile_knn_graph_and_radius_lists_fullgraph():
 def test_check_op_on_the_list_ops():
     """The list ops are wb.op ops: finite differences on the distances, untouched inputs,
     torch.library.opcheck on their registered custom ops."""
-    from warpbridge.ops import _checks
+    from warpbridge.ops import _search
     from warpbridge.testing import check_op
 
-    ops = _checks.ops_for("float64")
+    ops = _search.ops_for("float64")
     r, q = cloud("uniform", n=150, seed=11)
     radius = 0.3
     _, d = dense_lists(q, r, radius)
@@ -294,11 +294,11 @@ def test_a_tree_rebuilt_from_its_order_is_the_built_tree(name):
     points, boxes and smallest indices as the build made."""
     import warp as wp
 
-    from warpbridge.ops import _launch, _tree
+    from warpbridge.ops import _tree
 
     r, _ = cloud(name, n=5000, seed=12, dtype=torch.float32)
     r[7, 2] = float("nan")  # a point that is not finite sorts last either way
-    k = _launch.kernels_for("float32", wp.get_device("cpu"))
+    k = _tree.kernels_for("float32", wp.get_device("cpu"))
     points = wp.from_torch(r, dtype=wp.vec3)
     built = [a.numpy().copy() for a in _tree.tree(k, points)]
     again = [a.numpy() for a in _tree.tree_of_order(k, points, wp.array(built[0], dtype=wp.int32))]

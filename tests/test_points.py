@@ -12,7 +12,8 @@ import warp as wp
 
 import warpbridge as wb
 from warpbridge import WarpBridgeError
-from warpbridge.ops import _cpu_team, _launch, _tree
+from warpbridge._core import cpu_launch, cpu_team
+from warpbridge.ops import _tree
 
 DTYPES = [torch.float32, torch.float64]
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float64: dict(atol=1e-11, rtol=1e-9)}
@@ -311,7 +312,7 @@ def test_radius_backward_paths_agree(path, nf, monkeypatch):
     from warpbridge.ops import _declared, _tree
 
     grids, passes = [], []
-    real_tree, real_launch = _tree.build_tree, _launch.launch_queries
+    real_tree, real_launch = _tree.build_tree, cpu_launch.launch_queries
     by_sort = {"by_sort": True} if path.endswith("by sort") else {}
     sorted_levels = []
     real_sort = _tree._split_by_sort
@@ -320,11 +321,11 @@ def test_radius_backward_paths_agree(path, nf, monkeypatch):
         _tree, "build_tree", lambda *a, **k: grids.append(a[1].shape[0]) or real_tree(*a, **k, **by_sort)
     )
     monkeypatch.setattr(
-        _launch, "launch_queries", lambda kernel, *a, **k: passes.append(kernel.key) or real_launch(kernel, *a, **k)
+        cpu_launch, "launch_queries", lambda kernel, *a, **k: passes.append(kernel.key) or real_launch(kernel, *a, **k)
     )
     if path == "one pass, two threads":
-        monkeypatch.setattr(_launch, "MIN_QUERIES_PER_SLOT", 8)
-        monkeypatch.setattr(_launch, "get_num_threads", lambda: 2)
+        monkeypatch.setattr(cpu_launch, "MIN_QUERIES_PER_SLOT", 8)
+        monkeypatch.setattr(cpu_launch, "get_num_threads", lambda: 2)
     if path.startswith(("pair list", "two searches")):
         monkeypatch.setattr(_declared, "one_pass_fits", lambda *a: False)
     if path.startswith("two searches"):
@@ -354,7 +355,7 @@ def test_radius_backward_paths_agree(path, nf, monkeypatch):
     # Morton order: the queries in every forward, the references in every second search
     assert set(ordered) == ({len(q), len(r)} if by_sort else set())
     if path == "one pass, two threads":
-        assert _launch.slots(wp.get_device("cpu"), len(q)) == 2  # two copies, added after
+        assert cpu_launch.slots(wp.get_device("cpu"), len(q)) == 2  # two copies, added after
 
 
 # -- threads, determinism, non-finite input -----------------------------------------------
@@ -401,12 +402,12 @@ def _counting_team_jobs(monkeypatch) -> list:
     """Count the launches that went to PyTorch's OpenMP team (each makes one TeamJob)."""
     jobs: list = []
 
-    class Counted(_cpu_team.TeamJob):
+    class Counted(cpu_team.TeamJob):
         def __init__(self, *a):
             jobs.append(a)
             super().__init__(*a)
 
-    monkeypatch.setattr(_cpu_team, "TeamJob", Counted)
+    monkeypatch.setattr(cpu_team, "TeamJob", Counted)
     return jobs
 
 
@@ -414,14 +415,14 @@ def test_openmp_workers_and_own_pool_give_the_same_bits(monkeypatch):
     """With PyTorch's GNU OpenMP loaded, the op's CPU threads are PyTorch's own workers (no
     contention with their spinning), driven by a native loop; without it, a pool of our own.
     Same results, bitwise."""
-    assert _cpu_team.gomp() is not None  # the Linux CPU build of torch ships libgomp
+    assert cpu_team.gomp() is not None  # the Linux CPU build of torch ships libgomp
     jobs = _counting_team_jobs(monkeypatch)
     q, r, f = clouds(3000, 2000, 4, torch.float32, seed=15)
     ins = [t.clone().requires_grad_() for t in (q, r, f)]
     with_omp = _two_thread_results(ins)
     assert len(jobs) >= 6  # the build, the searches and the backwards, scatters included
     assert {job[-4] for job in jobs} >= {0} and any(job[-4] > 0 for job in jobs)  # slots and chunks
-    monkeypatch.setattr(_cpu_team, "TEAMS", {})
+    monkeypatch.setattr(cpu_team, "TEAMS", {})
     jobs.clear()
     own_pool = _two_thread_results(ins)
     assert not jobs
@@ -439,37 +440,37 @@ def test_a_parallel_launch_runs_every_query_once(m, n_slots, scatter, openmp, mo
     import kernels
 
     cpu = wp.get_device("cpu")
-    _launch.kernels_for("float32", cpu)  # loads the team launch too
+    _tree.kernels_for("float32", cpu)  # loads the team launch too
     jobs = _counting_team_jobs(monkeypatch)
-    monkeypatch.setattr(_launch, "CHUNK_MIN", 1)
+    monkeypatch.setattr(cpu_launch, "CHUNK_MIN", 1)
     if not openmp:
-        monkeypatch.setattr(_cpu_team, "TEAMS", {})
+        monkeypatch.setattr(cpu_team, "TEAMS", {})
     hits, offsets = wp.zeros(m, dtype=wp.int32, device=cpu), wp.full(m, -1, dtype=wp.int32, device=cpu)
-    _launch.launch_queries(kernels.visit, m, n_slots, [], [hits, offsets], cpu, None, scatter=scatter)
+    cpu_launch.launch_queries(kernels.visit, m, n_slots, [], [hits, offsets], cpu, None, scatter=scatter)
     assert len(jobs) == int(openmp)
     assert (hits.numpy() == 1).all()
     starts = offsets.numpy()
     if scatter:
         assert (starts == np.arange(m) % n_slots).all()
     else:  # contiguous chunks of about m / (threads * CHUNKS_PER_THREAD), each from its offset
-        chunk = -(-m // (n_slots * _launch.CHUNKS_PER_THREAD))
+        chunk = -(-m // (n_slots * cpu_launch.CHUNKS_PER_THREAD))
         assert (starts == np.arange(m) // chunk * chunk).all()
 
 
 def test_small_scratch_is_reused_per_thread_and_calls_in_threads_stay_apart(monkeypatch):
-    """The tree's CPU scratch is kept per thread while small (_launch.kept): the next call of the
+    """The tree's CPU scratch is kept per thread while small (cpu_launch.kept): the next call of the
     same size reuses it, a big one is not kept, and calls running at once in two threads,
     each on its own kept arrays, give the results they give alone."""
     import threading
 
     cpu = wp.get_device("cpu")
-    first = _launch.kept("sorted_points", (100,), wp.vec3, cpu)
-    assert _launch.kept("sorted_points", (100,), wp.vec3, cpu) is first
-    assert _launch.kept("sorted_points", (101,), wp.vec3, cpu) is not first
-    assert _launch.kept("sorted_points", (101,), wp.vec3d, cpu).dtype is wp.vec3d
-    monkeypatch.setattr(_launch, "KEEP_BYTES", 1000)
-    big = _launch.kept("sorted_points", (1000,), wp.vec3, cpu)
-    assert _launch.kept("sorted_points", (1000,), wp.vec3, cpu) is not big
+    first = cpu_launch.kept("sorted_points", (100,), wp.vec3, cpu)
+    assert cpu_launch.kept("sorted_points", (100,), wp.vec3, cpu) is first
+    assert cpu_launch.kept("sorted_points", (101,), wp.vec3, cpu) is not first
+    assert cpu_launch.kept("sorted_points", (101,), wp.vec3d, cpu).dtype is wp.vec3d
+    monkeypatch.setattr(cpu_launch, "KEEP_BYTES", 1000)
+    big = cpu_launch.kept("sorted_points", (1000,), wp.vec3, cpu)
+    assert cpu_launch.kept("sorted_points", (1000,), wp.vec3, cpu) is not big
     monkeypatch.undo()
 
     clouds_ = [clouds(600, 900, 4, torch.float32, seed=s) for s in (31, 32)]
@@ -688,10 +689,10 @@ def test_compile_fullgraph_forward_and_backward():
 def test_opcheck_registered_ops():
     """The point ops are wb.op ops like any user's: check_op runs finite differences,
     reentrancy, untouched inputs and torch.library.opcheck on their registered custom ops."""
-    from warpbridge.ops import _checks
+    from warpbridge.ops import _search
     from warpbridge.testing import check_op
 
-    ops = _checks.ops_for("float64")
+    ops = _search.ops_for("float64")
     q, r, f = clouds(30, 40, 3, torch.float64, seed=19)
     q = away_from_cutoff(q, r, 0.7)
     ins = [t.clone().requires_grad_() for t in (q, r, f)]
@@ -809,7 +810,7 @@ def _bad_cases():
 def test_bad_input_raises_before_any_launch(case, monkeypatch):
     name, call, pattern = _bad_cases()[case]
     launched = []
-    monkeypatch.setattr(_launch, "launch_queries", lambda *a, **k: launched.append(a))
+    monkeypatch.setattr(cpu_launch, "launch_queries", lambda *a, **k: launched.append(a))
     monkeypatch.setattr(_tree, "build_tree", lambda *a, **k: launched.append(a))
     with pytest.raises(WarpBridgeError, match=pattern) as info:
         call()

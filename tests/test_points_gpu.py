@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import warpbridge as wb
-from warpbridge.ops import _launch, _tree
+from warpbridge.ops import _tree
 
 pytestmark = pytest.mark.gpu
 
@@ -118,7 +118,7 @@ def test_queries_go_in_morton_order_on_the_device():
     r, q = D.make("lidar rings + 20 far", 100_000)
     assert len(q) >= _tree.QUERY_ORDER_MIN
     device = wp.get_device("cuda:0")
-    k = _launch.kernels_for("float32", device)
+    k = _tree.kernels_for("float32", device)
     refs = wp.array(r, dtype=wp.vec3, device=device)
     tree = _tree.tree(k, refs)
     queries = wp.empty(len(q), dtype=wp.int32, device=device)

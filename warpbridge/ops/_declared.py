@@ -1,12 +1,12 @@
 """The point ops, declared with ``wb.op`` like any user's op: one launch function per
 forward, one per backward (``@op.backward``), per float type.
 
-Each forward builds the kd-tree over the reference points and searches it (``_launch``,
+Each forward builds the kd-tree over the reference points and searches it (``_tree``,
 ``kdtree``). The radius op keeps its tree and per-query statistics for the backward as
 auxiliary outputs (``aux=``): plain arrays the framework allocates and saves, never returned
 to the caller; the kNN ops keep only the neighbour indices, and their trees are scratch.
 Every op also keeps the order it took the queries in (``queries``, see
-``_core.query_order``), so its backward takes them in the same order.
+``_tree.query_order``), so its backward takes them in the same order.
 Output shapes come from the inputs (a callable ``output_dims``), so a call passes nothing
 but its arguments, under ``torch.compile`` too. Everything framework-specific (autograd,
 saving, ``torch.compile``, ``torch.func``, JAX, Paddle, NumPy) is ``wb.op``'s.
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import warp as wp
 
+from .._core import cpu_launch
 from . import _batches, _tree, kdtree
-from . import _launch as _core
 
 STATS = 3  # per query: weight sum, nearest distance, neighbour count
 # The CPU radius backward runs in one pass while the threads' extra copies of the
@@ -59,20 +59,20 @@ def _scratch(shape: Any, dtype: Any, device: Any) -> wp.array:
     """Uninitialised scratch; the shared empty array when it would hold nothing."""
     dims = shape if isinstance(shape, tuple) else (shape,)
     if 0 in dims:
-        return _core.nothing(dims, dtype, device)
+        return cpu_launch.nothing(dims, dtype, device)
     return wp.empty(dims, dtype=dtype, device=device)
 
 
 def launch(kernel: Any, m: int, before: list, after: list, device: Any) -> None:
     """A launch over ``m`` queries (not a scatter), on as many CPU threads as pay."""
-    _core.launch_queries(kernel, m, _core.threads(device, m), before, after, device, None)
+    cpu_launch.launch_queries(kernel, m, cpu_launch.threads(device, m), before, after, device, None)
 
 
 def thread_copies(a: wp.array, slots: int, needed: bool) -> wp.array:
     """Zeroed copies of the gradient ``a`` for threads 1 .. slots - 1 of a pass that adds
     into per-thread copies (thread 0 adds into ``a`` itself); empty when not ``needed``."""
     shape = (slots - 1, *(a.shape if needed else (0,) * a.ndim))
-    return _core.nothing(shape, a.dtype, a.device) if 0 in shape else wp.zeros(shape, dtype=a.dtype, device=a.device)
+    return _scratch(shape, a.dtype, a.device) if 0 in shape else wp.zeros(shape, dtype=a.dtype, device=a.device)
 
 
 def add_copies(copies: wp.array, into: wp.array) -> None:
@@ -95,7 +95,7 @@ def _groups_of_4(a: wp.array) -> wp.array:
     v4 = _VEC4[a.dtype]
     *outer, f = a.shape
     if f == 0 or f % 4 or 0 in outer or a.strides[-1] != wp.types.type_size_in_bytes(a.dtype):
-        return _core.nothing((0,) * a.ndim, v4, a.device)
+        return cpu_launch.nothing((0,) * a.ndim, v4, a.device)
     return wp.array(
         ptr=a.ptr, dtype=v4, shape=(*outer, f // 4), strides=(*a.strides[:-1], 4 * a.strides[-1]), device=a.device
     )
@@ -106,13 +106,13 @@ def _fours(features: wp.array, grad: wp.array, d_features: Any, feature_slots: A
     ``grad`` (or the forward's ``out``), ``d_features`` and ``feature_slots`` (None where it
     adds nothing there), for its *4 arguments. All of them where every one it uses has them
     (F % 4 == 0, packed rows), else all empty: the kernel then takes the scalar path."""
-    V4 = _VEC4[features.dtype]
+    V4, device = _VEC4[features.dtype], features.device
     fours = [_groups_of_4(features), _groups_of_4(grad)]
-    fours += [_core.nothing((0, 0), V4, features.device) if d_features is None else _groups_of_4(d_features)]
-    fours += [_core.nothing((0, 0, 0), V4, features.device) if feature_slots is None else _groups_of_4(feature_slots)]
+    fours += [cpu_launch.nothing((0, 0), V4, device) if d_features is None else _groups_of_4(d_features)]
+    fours += [cpu_launch.nothing((0, 0, 0), V4, device) if feature_slots is None else _groups_of_4(feature_slots)]
     used = fours[:2] + [f for f, a in zip(fours[2:], (d_features, feature_slots)) if a is not None]
     if any(f.size == 0 for f in used):
-        return [_core.nothing((0,) * f.ndim, V4, features.device) for f in fours]
+        return [cpu_launch.nothing((0,) * f.ndim, V4, device) for f in fours]
     return fours
 
 
@@ -162,7 +162,7 @@ def _radius_backward(
     m, n, device = query.shape[0], ref.shape[0], query.device
     if not any(needs):
         return
-    slots = _core.slots(device, m)
+    slots = cpu_launch.slots(device, m)
     one_pass = device.is_cpu and one_pass_fits(slots, n, (features.shape[1] + 3) * wp.types.type_size_in_bytes(T))
     pairs = None
     if not one_pass and device.is_cpu and (needs[1] or needs[2]):
@@ -188,7 +188,7 @@ def _radius_backward(
     before += [struct(k.Rows, v=grad, v4=fours[1]), needs_bits(needs, one_pass), queries]
     # one pass: threads own fixed queries (scatter launch), so the copies' sums are deterministic
     query_pass = k.radius_backward_query
-    _core.launch_queries(query_pass, m, slots, before, [pair_list, grads], device, None, scatter=one_pass)
+    cpu_launch.launch_queries(query_pass, m, slots, before, [pair_list, grads], device, None, scatter=one_pass)
     add_copies(r_slots, dr)
     add_copies(f_slots, df)
     if pairs is not None:
@@ -236,7 +236,7 @@ def knn_forward(k, query, ref, kk, dist, idx, queries, batch=None, features=None
     with ``features``, its aggregation into ``out``."""
     device = query.device
     if features is None:
-        features = out = _core.nothing((0, 0), k.T, device)
+        features = out = cpu_launch.nothing((0, 0), k.T, device)
     before = [query, _tree.searched_tree(k, query, ref, queries, batch=batch), kk, features, sigma, queries]
     launch(k.knn_search, query.shape[0], before, [dist, idx, out], device)
 
@@ -247,10 +247,10 @@ def distance_backward(k, kernel, rows, queries, dq, dr, needs):
     m, device = rows[0].shape[0], rows[0].device
     if not any(needs):
         return
-    slots = _core.slots(device, m)
+    slots = cpu_launch.slots(device, m)
     r_slots = thread_copies(dr, slots, needs[1])
     grads = struct(k.Grads, d_query=dq, d_ref=dr, ref_slots=r_slots)
-    _core.launch_queries(kernel, m, slots, [*rows, needs_bits(needs), queries], [grads], device, None, True)
+    cpu_launch.launch_queries(kernel, m, slots, [*rows, needs_bits(needs), queries], [grads], device, None, True)
     add_copies(r_slots, dr)
 
 
@@ -258,7 +258,7 @@ def _knn_aggregate_backward(k, query, ref, features, sigma, out, dist, idx, quer
     m, device = query.shape[0], query.device
     if not any(needs):
         return
-    slots = _core.slots(device, m)
+    slots = cpu_launch.slots(device, m)
     r_slots, f_slots = thread_copies(dr, slots, needs[1]), thread_copies(df, slots, needs[2])
     fours = _fours(features, grad, df if needs[2] else None, f_slots if needs[2] and slots > 1 else None)
     nearest = struct(k.Nearest, sigma=sigma, out=out, dist=dist, idx=idx)
@@ -268,7 +268,7 @@ def _knn_aggregate_backward(k, query, ref, features, sigma, out, dist, idx, quer
     )  # fmt: skip
     before = [query, ref, struct(k.Rows, v=features, v4=fours[0]), nearest]
     before += [struct(k.Rows, v=grad, v4=fours[1]), needs_bits(needs), queries]
-    _core.launch_queries(k.knn_aggregate_backward, m, slots, before, [grads], device, None, scatter=True)
+    cpu_launch.launch_queries(k.knn_aggregate_backward, m, slots, before, [grads], device, None, scatter=True)
     add_copies(r_slots, dr)
     add_copies(f_slots, df)
 
@@ -299,7 +299,7 @@ BATCH_NAMES = ("query_batch", "ref_batch", "batch")  # the batch vectors, as par
 
 
 def no_batch(first: wp.array) -> wp.array:
-    return _core.nothing((0,), wp.int64, first.device)
+    return cpu_launch.nothing((0,), wp.int64, first.device)
 
 
 def one_cloud(fn: Any, empty: Any) -> Any:
@@ -329,7 +329,7 @@ _KNN_AGGREGATE = dict(num_outputs=4, aux=("dist", "idx", "queries"), output_dims
 def declared(dtype: str, dim: int = 3) -> dict:
     """The three ops' launch functions and ``wb.op`` options (``fn``, ``backward``, ...) for
     one float type ("float32" or "float64") and points of ``dim`` coordinates, by name;
-    ``_checks.declare_both`` makes the ops."""
+    ``_search.declare_both`` makes the ops."""
     T = wp.float32 if dtype == "float32" else wp.float64
     V = wp.types.vector(dim, T)
     Points, Rows, Index = wp.array(dtype=V), wp.array2d(dtype=T), wp.array(dtype=wp.int32)
@@ -337,7 +337,7 @@ def declared(dtype: str, dim: int = 3) -> dict:
     Batch = wp.array(dtype=wp.int64)
 
     def kernels(device: Any) -> Any:
-        return _core.kernels_for(dtype, device, dim)
+        return _tree.kernels_for(dtype, device, dim)
 
     def radius_aggregate(
         query: Points, ref: Points, features: Rows, query_batch: Batch, ref_batch: Batch, radius: T, sigma: T,

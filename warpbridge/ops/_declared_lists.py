@@ -16,7 +16,7 @@ from typing import Any
 
 import warp as wp
 
-from . import _declared, _launch, _tree
+from . import _declared, _tree
 
 # The cap on a row when there is none: more than any row can hold.
 NO_CAP = (1 << 31) - 1
@@ -72,7 +72,7 @@ def declared(dtype: str, dim: int = 3) -> dict:
     Index, Listed, Batch = wp.array(dtype=wp.int32), wp.array2d(dtype=wp.int32), wp.array(dtype=wp.int64)
 
     def kernels(device: Any) -> Any:
-        return _launch.kernels_for(dtype, device, dim)
+        return _tree.kernels_for(dtype, device, dim)
 
     def radius_count(
         query: Points, ref: Points, query_batch: Batch, ref_batch: Batch, radius: T, cap: int, skip_self: int,

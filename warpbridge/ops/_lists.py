@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from .._core.errors import WarpBridgeError, describe, fail
 from . import _declared_lists
-from ._checks import adapter_of, batches, check_clouds, declared_op, positive, widen
+from ._search import adapter_of, batches, check_clouds, declared_op, positive, widen
 
 # The most pairs one list may hold: the kernels address its rows with 32-bit places.
 MAX_PAIRS = (1 << 31) - 1

@@ -1,5 +1,5 @@
 """The kd-tree on the host: its arrays' shapes, its build, its ``Tree`` struct, and the order
-in which a search takes its queries. The kernels are ``kdtree``'s; the launches ``_launch``'s.
+in which a search takes its queries. The kernels are ``kdtree``'s; the launches ``_core.cpu_launch``'s.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any, NamedTuple
 
 import warp as wp
 
-from . import _launch, kdtree
+from .._core import cpu_launch, cpu_team, warp_runtime
+from . import kdtree
 
 TREE = ("order", "sorted_points", "lo", "hi", "min_index")  # the tree's arrays, as the ops save them
 # From this many queries on, the searches take them in Morton order (query_order). Below,
@@ -56,7 +57,7 @@ def tree(
     if into is None:
         dims = tree_dims(n) if forest is None else forest_dims(n, forest)
         types_ = (wp.int32, k.V, k.V, k.V, wp.int32)
-        into = tuple(_launch.kept(name, dims[name], t, device) for name, t in zip(TREE, types_))
+        into = tuple(cpu_launch.kept(name, dims[name], t, device) for name, t in zip(TREE, types_))
         if order is not None:
             into = (order, *into[1:])
     if forest is None:
@@ -95,22 +96,26 @@ def tree_of_order(k: Any, points: wp.array, order: wp.array, forest: Forest | No
     fraction of its cost."""
     n, device = points.shape[0], points.device
     dims = tree_dims(n) if forest is None else forest_dims(n, forest)
-    pts, lo, hi = (_launch.kept(f"{name}_again", dims[name], k.V, device) for name in TREE[1:4])
-    min_index = _launch.kept("min_index_again", dims["min_index"], wp.int32, device)
-    _launch.launch_queries(k.tree_regather, n, _launch.threads(device, n // 32), [points, order], [pts], device, None)
+    pts, lo, hi = (cpu_launch.kept(f"{name}_again", dims[name], k.V, device) for name in TREE[1:4])
+    min_index = cpu_launch.kept("min_index_again", dims["min_index"], wp.int32, device)
+    cpu_launch.launch_queries(
+        k.tree_regather, n, cpu_launch.threads(device, n // 32), [points, order], [pts], device, None
+    )
     boxes = [lo, hi, min_index]
     if forest is not None:
         count = forest.clouds.shape[0]
         before = [pts, order, forest.clouds]
-        _launch.launch_queries(k.forest_boxes, count, min(count, _cpu(device)), before, boxes, device, None, True)
+        cpu_launch.launch_queries(k.forest_boxes, count, min(count, _cpu(device)), before, boxes, device, None, True)
         return order, pts, lo, hi, min_index
     leaves = lo.shape[0] // 2
-    _launch.launch_queries(
-        k.tree_leaf_boxes, leaves, _launch.threads(device, leaves), [pts, order], boxes, device, None
+    cpu_launch.launch_queries(
+        k.tree_leaf_boxes, leaves, cpu_launch.threads(device, leaves), [pts, order], boxes, device, None
     )
     for level in reversed(range(leaves.bit_length() - 1)):
         width = 1 << level
-        _launch.launch_queries(k.tree_up, width, min(width, _cpu(device)), [width], boxes, device, None, scatter=True)
+        cpu_launch.launch_queries(
+            k.tree_up, width, min(width, _cpu(device)), [width], boxes, device, None, scatter=True
+        )
     return order, pts, lo, hi, min_index
 
 
@@ -121,7 +126,7 @@ def tree_struct(k: Any, arrays: tuple, batch: tuple[Forest, wp.array] | None = N
     """The ``Tree`` struct over a tree's five arrays (with ``batch`` as ``searched_tree``
     takes it, over a forest). A struct takes ~7 us to fill, so this thread's last one is
     taken again while its arrays are the same (a kNN call's tree is kept scratch, see
-    ``_launch.kept``)."""
+    ``cpu_launch.kept``)."""
     last = getattr(_STRUCTS, k.module, None)
     if last is not None and batch is None and last[1] is None and all(a is b for a, b in zip(last[0], arrays)):
         return last[2]
@@ -163,19 +168,21 @@ def build_tree(
     else:
         # enough subtrees for every thread (the top splits run one node per thread), each of
         # at most SUBTREE_MAX points (a segment of the launch is one subtree per thread)
-        top = max((_launch.get_num_threads() - 1).bit_length(), (-(-n // SUBTREE_MAX) - 1).bit_length())
-        top = min(depth, top) if n >= 4 * _launch.MIN_QUERIES_PER_THREAD else 0
+        top = max((cpu_launch.get_num_threads() - 1).bit_length(), (-(-n // SUBTREE_MAX) - 1).bit_length())
+        top = min(depth, top) if n >= 4 * cpu_launch.MIN_QUERIES_PER_THREAD else 0
     # The copy takes ~2.5 ns a point; a second thread measured 27 -> 20 us at 10^4 points,
     # 0.23 -> 0.12 ms at 10^5.
-    _launch.launch_queries(
-        k.tree_init, n, _launch.threads(device, n // 32), [points], [sorted_points, order], device, stream
+    cpu_launch.launch_queries(
+        k.tree_init, n, cpu_launch.threads(device, n // 32), [points], [sorted_points, order], device, stream
     )
     parts = 1 << top
     slots = min(parts, _cpu(device))
     # each subtree thread's row of records (see tree_subtrees): room for a subtree, at most ITEMS_ROOM
     room = 0 if by_sort or n == 0 else min(ITEMS_ROOM, -(-n // parts))
     items = (
-        _launch.kept("tree_items", (slots * room,), k.Item, device) if room else _launch.nothing((0,), k.Item, device)
+        cpu_launch.kept("tree_items", (slots * room,), k.Item, device)
+        if room
+        else cpu_launch.nothing((0,), k.Item, device)
     )
     before = [sorted_points, order, items]
     if by_sort:
@@ -183,14 +190,16 @@ def build_tree(
     else:
         for level in range(top):
             width = 1 << level
-            _launch.launch_queries(
+            cpu_launch.launch_queries(
                 k.tree_split, width, min(width, _cpu(device)), [*before, width], [], device, stream, scatter=True
             )
     boxes = [lo, hi, min_index]
-    _launch.launch_queries(k.tree_subtrees, parts, slots, [*before, parts], boxes, device, stream, True, slots)
+    cpu_launch.launch_queries(k.tree_subtrees, parts, slots, [*before, parts], boxes, device, stream, True, slots)
     for level in reversed(range(top)):
         width = 1 << level
-        _launch.launch_queries(k.tree_up, width, min(width, _cpu(device)), [width], boxes, device, stream, scatter=True)
+        cpu_launch.launch_queries(
+            k.tree_up, width, min(width, _cpu(device)), [width], boxes, device, stream, scatter=True
+        )
 
 
 def build_forest(k: Any, points: wp.array, tree: tuple, forest: Forest) -> None:
@@ -199,16 +208,20 @@ def build_forest(k: Any, points: wp.array, tree: tuple, forest: Forest) -> None:
     CPU, as ``build_tree``'s subtrees."""
     order, sorted_points, lo, hi, min_index = tree
     n, device, count = points.shape[0], points.device, forest.clouds.shape[0]
-    _launch.launch_queries(
-        k.tree_init, n, _launch.threads(device, n // 32), [points], [sorted_points, order], device, None
+    cpu_launch.launch_queries(
+        k.tree_init, n, cpu_launch.threads(device, n // 32), [points], [sorted_points, order], device, None
     )
     slots = min(count, _cpu(device))
     room = min(ITEMS_ROOM, forest.biggest) if device.is_cpu else 0
     items = (
-        _launch.kept("tree_items", (slots * room,), k.Item, device) if room else _launch.nothing((0,), k.Item, device)
+        cpu_launch.kept("tree_items", (slots * room,), k.Item, device)
+        if room
+        else cpu_launch.nothing((0,), k.Item, device)
     )
     before = [sorted_points, order, items, forest.clouds]
-    _launch.launch_queries(k.forest_trees, count, max(slots, 1), before, [lo, hi, min_index], device, None, True, slots)
+    cpu_launch.launch_queries(
+        k.forest_trees, count, max(slots, 1), before, [lo, hi, min_index], device, None, True, slots
+    )
 
 
 def _same(points: wp.array, other: wp.array) -> bool:
@@ -243,10 +256,10 @@ def query_order(
         return
     box = wp.empty(2, dtype=k.V, device=device)
     keys, places = (wp.empty(2 * m, dtype=wp.int32, device=device) for _ in range(2))  # the sort needs 2M
-    _launch.launch_queries(k.query_box, 1, 1, [sorted_points, lo, hi], [box], device, stream)
+    cpu_launch.launch_queries(k.query_box, 1, 1, [sorted_points, lo, hi], [box], device, stream)
     # ~10 ns a point: a second thread pays only past ~10^4 of them
-    _launch.launch_queries(
-        k.query_keys, m, _launch.threads(device, m // 16), [points, box], [keys, places], device, stream
+    cpu_launch.launch_queries(
+        k.query_keys, m, cpu_launch.threads(device, m // 16), [points, box], [keys, places], device, stream
     )
     with _on(stream):
         wp.utils.radix_sort_pairs(keys, places, m, 0, 3 * kdtree.MORTON_BITS)
@@ -269,7 +282,7 @@ def _split_by_sort(k: Any, pts: wp.array, order: wp.array, levels: int, device: 
     keys = wp.empty(2 * n, dtype=k.T, device=device)  # the sorts need room for 2N
     places, nodes, by_node = (wp.empty(2 * n, dtype=wp.int32, device=device) for _ in range(3))
     axes = wp.empty(1 << (levels - 1), dtype=wp.int32, device=device)
-    items = _launch.nothing((0,), k.Item, device)  # split_axis reads the points in place
+    items = cpu_launch.nothing((0,), k.Item, device)  # split_axis reads the points in place
     pts_out, order_out = wp.empty_like(pts), wp.empty_like(order)
     with _on(stream):
         for level in range(levels):
@@ -285,4 +298,29 @@ def _split_by_sort(k: Any, pts: wp.array, order: wp.array, levels: int, device: 
 
 
 def _cpu(device: Any) -> int:
-    return _launch.get_num_threads() if device.is_cpu else 1
+    return cpu_launch.get_num_threads() if device.is_cpu else 1
+
+
+_LOADED: set = set()
+
+
+def kernels_for(dtype_name: str, device: Any, dim: int = 3) -> Any:
+    """The point kernels for a dtype and points of ``dim`` coordinates, their module built and
+    loaded on ``device``.
+
+    The first call per (dtype, dim, device) holds warpbridge's load lock: Warp's module build
+    and load are not safe to enter from several threads at once (a cold start from a thread
+    pool crashed), and the queries themselves launch from several threads."""
+    key = (dtype_name, dim, device.alias)
+    scalar = wp.float32 if dtype_name == "float32" else wp.float64
+    if key in _LOADED:
+        return kdtree.kernels(scalar, dim)
+    with warp_runtime.LOAD_LOCK:
+        k = kdtree.kernels(scalar, dim)
+        # as a launch loads it (block_dim 1 on the CPU): Module.load's default block_dim is
+        # another variant, compiled a second time for nothing
+        wp.load_module(k.tree_init.module, device=device)
+        if device.is_cpu:  # where no framework brings GNU OpenMP, the pool runs the launches
+            cpu_team.load(device)
+        _LOADED.add(key)
+    return k

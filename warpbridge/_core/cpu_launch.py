@@ -1,8 +1,15 @@
-"""Framework-neutral launches of the point kernels, on Warp arrays the adapter allocated.
+"""CPU launches split over queries: a kernel whose thread index is a query (its arguments
+carry a ``stride`` and an ``offset``) runs in chunks on several threads, in segments that
+keep a long call interruptible. The neighbour ops launch every kernel this way.
 
-Adapters allocate every array (outputs, saved state and scratch) with their framework's
-allocator and hand Warp views; this module only launches. Nothing here keeps state between
-calls: the tree travels as plain arrays from the forward to the backward.
+On the CPU a launch calls the compiled entry point directly with a copy of an argument struct
+recorded once (``warp_runtime.record``, as ``plan.KernelPlan`` does); its chunks run on a team
+of the OpenMP threads a loaded framework brings (``cpu_team``), else on warpbridge's own
+thread pool. Elsewhere it is one ``wp.launch``.
+
+State kept across calls, all of it listed in docs/architecture.md: the thread pool, the
+recorded launches (``_RECORDED``), each thread's reusable scratch (``kept``) and the shared
+empty arrays (``nothing``).
 """
 
 from __future__ import annotations
@@ -17,9 +24,9 @@ from typing import Any
 
 import warp as wp
 
-from .._core import warp_runtime
-from .._core.errors import WarpBridgeError
-from . import _cpu_team, kdtree
+from . import cpu_team as _cpu_team
+from . import warp_runtime
+from .errors import WarpBridgeError
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
@@ -45,7 +52,7 @@ FIRST_SEGMENT = 1 << 16
 
 
 def set_num_threads(n: int | None) -> None:
-    """CPU threads used by the point ops (default: ``os.cpu_count()``; None restores it)."""
+    """CPU threads used by the neighbour ops' launches (default: ``os.cpu_count()``; None restores it)."""
     global _num_threads
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise WarpBridgeError(f"set_num_threads(): n must be a positive int or None, got {n!r}")
@@ -341,28 +348,3 @@ def nothing(shape: tuple, dtype: Any, device: Any) -> wp.array:
     if a is None:
         a = _NOTHING[key] = wp.empty(shape, dtype=dtype, device=device)
     return a
-
-
-_LOADED: set = set()
-
-
-def kernels_for(dtype_name: str, device: Any, dim: int = 3) -> Any:
-    """The point kernels for a dtype and points of ``dim`` coordinates, their module built and
-    loaded on ``device``.
-
-    The first call per (dtype, dim, device) holds warpbridge's load lock: Warp's module build
-    and load are not safe to enter from several threads at once (a cold start from a thread
-    pool crashed), and the queries themselves launch from several threads."""
-    key = (dtype_name, dim, device.alias)
-    scalar = wp.float32 if dtype_name == "float32" else wp.float64
-    if key in _LOADED:
-        return kdtree.kernels(scalar, dim)
-    with warp_runtime.LOAD_LOCK:
-        k = kdtree.kernels(scalar, dim)
-        # as a launch loads it (block_dim 1 on the CPU): Module.load's default block_dim is
-        # another variant, compiled a second time for nothing
-        wp.load_module(k.tree_init.module, device=device)
-        if device.is_cpu:  # where no framework brings GNU OpenMP, the pool runs the launches
-            _cpu_team.load(device)
-        _LOADED.add(key)
-    return k

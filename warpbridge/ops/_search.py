@@ -1,4 +1,5 @@
-"""What every neighbour op checks before it runs, and how it reaches its declared op: the
+"""The neighbour searches and aggregations (``knn``, ``knn_aggregate``, ``radius_aggregate``),
+and what every neighbour op checks before it runs and how it reaches its declared op: the
 point clouds' shapes, dtypes and devices, the numbers' ranges, float16/bfloat16 computed in
 float32."""
 
@@ -180,22 +181,134 @@ def batches(op: str, a: Any, points: dict[str, Any], given: dict[str, Any]) -> l
     return [given[name] for name in names]
 
 
-def run_declared(
-    op: str, arrays: dict[str, Any], numbers: Any, clouds: dict[str, Any] | None = None
-) -> tuple[Any, Any, str | None]:
+def run_declared(op: str, arrays: dict[str, Any], numbers: Any, clouds: dict[str, Any] | None = None) -> Any:
     """Validate the clouds ``arrays`` and their batch vectors ``clouds`` (query_batch and
     ref_batch, see ``batches``), then the op's numeric arguments (``numbers(adapter, dtype)``,
-    checked in the dtype the op computes in), and run the declared op: (its result, the
-    adapter, the half dtype to cast floating results back to, or None)."""
+    checked in the dtype the op computes in), and run the declared op. Its floating results
+    are cast back to float16/bfloat16 where the clouds came in one of those."""
     clouds = clouds or {"query_batch": None, "ref_batch": None}
     a = adapter_of(op, arrays, clouds)
     dtype = check_clouds(op, a, arrays)
     batch = batches(op, a, {name: arrays[name] for name in ("query", "ref")}, clouds)
     extra = numbers(a, dtype)
     args, ops, half = widen(op, a, arrays, dtype)
-    return declared_op(ops, op, batch)(*args, *batch, *extra), a, half
+    result = declared_op(ops, op, batch)(*args, *batch, *extra)
+    if half is None:
+        return result
+    if isinstance(result, tuple):  # knn's (dist, idx)
+        return (a.cast(result[0], half), *result[1:])
+    return a.cast(result, half)
 
 
 def declared_op(ops: Any, op: str, batch: list) -> Any:
     """The declared op ``op``: its batched variant where there are batch vectors."""
     return getattr(ops, f"{op}_batched" if batch else op)
+
+
+def radius_aggregate(
+    query: Any, ref: Any, features: Any, radius: float, sigma: float, *, query_batch: Any = None, ref_batch: Any = None
+) -> Any:
+    """Distance-weighted mean of the reference features within ``radius`` of each query point.
+
+    ``out_i = sum_j w_ij f_j / sum_j w_ij`` over the references with ``|q_i - r_j| <= radius``,
+    ``w_ij = exp(-|q_i - r_j| / sigma)``; rows with no neighbour are 0. The exponent is shifted
+    by the nearest neighbour's distance, so any ``radius / sigma`` gives the weighted mean.
+    Differentiable w.r.t. ``query``, ``ref`` and ``features`` (the radius cut-off itself is
+    treated as fixed, as in the dense formula); where a query coincides with a reference the
+    direction term is taken as 0.
+
+    Args:
+        query: (M, D) query points, D from 1 to 16 (3-D is the fastest path).
+        ref: (N, D) reference points, same D.
+        features: (N, F) reference features, same dtype and device.
+        radius: search radius, > 0.
+        sigma: distance scale of the weights, > 0.
+        query_batch, ref_batch: (M,) and (N,) int64 cloud numbers, sorted (PyG's batch
+            vectors): each query sees only the references of its own cloud. None (default):
+            one cloud. See ``docs/batches.md``.
+
+    Returns:
+        (M, F) aggregated features.
+
+    Raises:
+        WarpBridgeError: wrong types, shapes, dtypes or devices; radius or sigma not > 0.
+
+    Example::
+
+        out = wb.ops.radius_aggregate(grid, cloud, feats, radius=0.2, sigma=0.1)
+    """
+    op = "radius_aggregate"
+    return run_declared(
+        op,
+        {"query": query, "ref": ref, "features": features},
+        lambda a, dtype: (positive(op, "radius", radius, dtype), positive(op, "sigma", sigma, dtype)),
+        {"query_batch": query_batch, "ref_batch": ref_batch},
+    )
+
+
+def knn(query: Any, ref: Any, k: int, *, query_batch: Any = None, ref_batch: Any = None) -> tuple[Any, Any]:
+    """The ``k`` nearest reference points of each query point.
+
+    Args:
+        query: (M, D) query points, D from 1 to 16 (3-D is the fastest path).
+        ref: (N, D) reference points, same D.
+        k: neighbours per query, ``1 <= k <= N``.
+        query_batch, ref_batch: (M,) and (N,) int64 cloud numbers, sorted (PyG's batch
+            vectors): each query's neighbours come from its own cloud only, one search for
+            the whole batch. None (default): one cloud. See ``docs/batches.md``.
+
+    Returns:
+        ``(dist, idx)``: (M, k) Euclidean distances in ascending order (ties broken by the
+        smaller index), differentiable w.r.t. both point sets, and (M, k) int64 indices
+        into ``ref``; a query whose cloud has fewer than k points pads its row with
+        ``inf`` and -1.
+
+    Raises:
+        WarpBridgeError: wrong types, shapes, dtypes or devices; k out of range.
+
+    Example::
+
+        dist, idx = wb.ops.knn(grid, cloud, k=7)
+    """
+    return run_declared(
+        "knn",
+        {"query": query, "ref": ref},
+        lambda a, dtype: (k_of("knn", k, a.info(ref)[1][0]),),
+        {"query_batch": query_batch, "ref_batch": ref_batch},
+    )
+
+
+def knn_aggregate(
+    query: Any, ref: Any, features: Any, k: int, sigma: float, *, query_batch: Any = None, ref_batch: Any = None
+) -> Any:
+    """Softmax-weighted sum of the features of the ``k`` nearest reference points.
+
+    ``out_i = sum_n softmax(-dist_i / sigma)_n f_{idx_in}`` over the k nearest (see :func:`knn`).
+    Differentiable w.r.t. ``query``, ``ref`` and ``features``.
+
+    Args:
+        query: (M, D) query points, D from 1 to 16 (3-D is the fastest path).
+        ref: (N, D) reference points, same D.
+        features: (N, F) reference features.
+        k: neighbours per query, ``1 <= k <= N``.
+        sigma: distance scale of the softmax, > 0.
+        query_batch, ref_batch: as in :func:`knn`; a query whose cloud has fewer than k
+            points aggregates the ones it has.
+
+    Returns:
+        (M, F) aggregated features.
+
+    Raises:
+        WarpBridgeError: wrong types, shapes, dtypes or devices; k out of range; sigma not > 0.
+
+    Example::
+
+        out = wb.ops.knn_aggregate(grid, cloud, feats, k=7, sigma=0.1)
+    """
+    op = "knn_aggregate"
+    return run_declared(
+        op,
+        {"query": query, "ref": ref, "features": features},
+        lambda a, dtype: (k_of(op, k, a.info(ref)[1][0]), positive(op, "sigma", sigma, dtype)),
+        {"query_batch": query_batch, "ref_batch": ref_batch},
+    )
