@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any, overload
+from typing import Any, TypedDict, Unpack, overload
 
 import warp as wp
 
@@ -547,41 +547,29 @@ def backend_of(op_name: str, named: Sequence[tuple[str, Any, str]]) -> Any:
     return found
 
 
-@overload
-def op(
-    *,
-    num_outputs: int = 1,
-    launch_dims: Any = None,
-    output_dims: Any = None,
-    name: str | None = None,
-    vmap_method: str = "sequential",
-    backward: Any = None,
-    trust_adjoint: bool | Sequence[Any] = False,
-    aux: Any = (),
-    recompute: bool = False,
-    outputs: Sequence[str] | None = None,
-    in_out: Sequence[str] = (),
-    debug: bool = False,
-) -> Callable[[Any], WarpOp]: ...
+class OpOptions(TypedDict, total=False):
+    """The keyword options of :func:`op`, for type checkers (defaults and meanings there)."""
+
+    num_outputs: int
+    launch_dims: Any
+    output_dims: Any
+    name: str | None
+    vmap_method: str
+    backward: Any
+    trust_adjoint: bool | Sequence[Any]
+    aux: Any
+    recompute: bool
+    outputs: Sequence[str] | None
+    in_out: Sequence[str]
+    debug: bool
 
 
 @overload
-def op(
-    fn: Any,
-    *,
-    num_outputs: int = 1,
-    launch_dims: Any = None,
-    output_dims: Any = None,
-    name: str | None = None,
-    vmap_method: str = "sequential",
-    backward: Any = None,
-    trust_adjoint: bool | Sequence[Any] = False,
-    aux: Any = (),
-    recompute: bool = False,
-    outputs: Sequence[str] | None = None,
-    in_out: Sequence[str] = (),
-    debug: bool = False,
-) -> WarpOp: ...
+def op(**options: Unpack[OpOptions]) -> Callable[[Any], WarpOp]: ...
+
+
+@overload
+def op(fn: Any, **options: Unpack[OpOptions]) -> WarpOp: ...
 
 
 def op(
