@@ -340,3 +340,30 @@ def test_a_capped_radius_list_is_the_radius_masked_knn():
     for i in range(len(q)):
         inside = idx[i][dist[i] <= radius]
         assert torch.equal(inside, nb.index[nb.ptr[i] : nb.ptr[i + 1]]), i
+
+
+@pytest.mark.parametrize("width", [1, 3, 4, 7, 64])
+def test_rows_longer_than_the_count_keeps_are_walked_on_from_where_it_stopped(width, monkeypatch):
+    """The count keeps at most ``width`` places a row for the fill. A longer row keeps
+    ``width - 3`` of them and where the walk stood after them, and the fill walks only the rest;
+    narrower than 4, the fill walks the whole row again. The lists are the dense reference's
+    either way: duplicated points (rows up to ~250), a self-join without the point itself, a
+    batch of two clouds, and a capped list."""
+    from warpbridge.ops import _declared_lists
+
+    monkeypatch.setattr(_declared_lists, "LISTED", width)
+    r, q = cloud("duplicated points", n=1500, seed=5)
+    radius = float(dense_distances(q[:100], r).kthvalue(40, dim=1).values.median())
+    nb = wb.ops.radius(q, r, radius)
+    want, _ = dense_lists(q, r, radius)
+    assert rows_of(nb) == want
+    assert (nb.count > width).sum() > 20 and int(nb.count.max()) > 100
+    own = wb.ops.radius(r, r, radius, loop=False)
+    assert rows_of(own) == dense_lists(r, r, radius, skip_self=True)[0]
+    half = r.shape[0] // 2
+    batch = (torch.arange(r.shape[0]) >= half).long()
+    both = rows_of(wb.ops.radius(r, r, radius, query_batch=batch, ref_batch=batch))
+    first, second = dense_lists(r[:half], r[:half], radius)[0], dense_lists(r[half:], r[half:], radius)[0]
+    assert both == first + [[j + half for j in row] for row in second]
+    capped = wb.ops.radius(q, r, radius, max_neighbors=50)
+    assert rows_of(capped) == dense_lists(q, r, radius, cap=50)[0]

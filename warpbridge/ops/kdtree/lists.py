@@ -18,6 +18,11 @@ from .knn import QUERY, REF
 from .rows import pull_on_distance
 from .template import func, kernel
 
+# A row of `listed` this wide or wider keeps, where its query has more neighbours than
+# entries, the first (width - 3) places and the walk's state after them (leaf, place, the
+# leaf's end as -1 - end): three entries for the state, and at least one place.
+RESUMED = 4
+
 
 @kernel
 def radius_count(
@@ -31,21 +36,41 @@ def radius_count(
     counts: wp.array(dtype=wp.int64),
     listed: wp.array2d(dtype=wp.int32),
 ):
-    # Query i's neighbours within the radius (j == i left out with skip_self); the first ones'
-    # places in the tree, as many as fit in `listed`, so that radius_fill need not walk again.
+    # Query i's neighbours within the radius (j == i left out with skip_self); their places in
+    # the tree where they all fit in the row of `listed` (L entries), so that radius_fill need
+    # not walk again. A row with more neighbours keeps the first L - 3 places and where the walk
+    # goes on after them (see resumed), radius_fill walks only the rest.
     i = query_at(wp.tid() * stride + offset, queries)
     q, order = query[i], tree.order
+    room = listed.shape[1]
     reach = sq_bound(radius)
     c = cloud_of(tree, i)
     count = int(0)
+    after_kept = wp.vec3i(0, 0, 0)
     at = ball_first(tree, c, q, reach, radius)
     while at[0] > 0:
         if skip_self == 0 or order[at[1]] != i:
-            if count < listed.shape[1]:
+            if count < room:
                 listed[i, count] = at[1]
+            elif count == room and room >= RESUMED:
+                listed[i, room - 3] = after_kept[0]
+                listed[i, room - 2] = after_kept[1]
+                listed[i, room - 1] = -1 - after_kept[2]
+            if count == room - RESUMED:
+                after_kept = wp.vec3i(at[0], at[1] + 1, at[2])
             count += 1
         at = ball_next(tree, c, q, reach, radius, wp.vec3i(at[0], at[1] + 1, at[2]))
     counts[i] = wp.int64(count)
+
+
+@func
+def resumed(listed: wp.array2d(dtype=wp.int32), i: int) -> wp.vec3i:
+    # Where radius_count's walk for query i goes on after the places row i keeps, or leaf 0
+    # when the row holds every neighbour (or is too narrow to hold the state).
+    room = listed.shape[1]
+    if room < RESUMED or listed[i, room - 1] >= 0:
+        return wp.vec3i(0, 0, 0)
+    return wp.vec3i(listed[i, room - 3], listed[i, room - 2], -1 - listed[i, room - 1])
 
 
 @kernel
@@ -215,15 +240,14 @@ def sort_row(dist: wp.array(dtype=T), idx: wp.array(dtype=wp.int64), s: int, siz
 
 @func
 def walk_row(
-    tree: Tree, q: V, i: int, reach: T, radius: T, skip_self: int, fits: bool,
-    s: int, room: int, distance: wp.array(dtype=T), index: wp.array(dtype=wp.int64),
+    tree: Tree, q: V, i: int, reach: T, radius: T, skip_self: int, fits: bool, s: int, room: int,
+    size: int, at: wp.vec3i, distance: wp.array(dtype=T), index: wp.array(dtype=wp.int64),
 ) -> int:  # fmt: skip
-    # Query i's row at s, from a walk: every neighbour in turn where they all fit, else a
-    # max-heap of the room closest so far. Returns how many it holds.
+    # Query i's row at s, holding `size` entries, from the walk standing at `at` (from
+    # ball_first, or ball_next): every neighbour in turn where they all fit, else a max-heap
+    # of the room closest so far. Returns how many it holds.
     order = tree.order
-    size = int(0)
     c = cloud_of(tree, i)
-    at = ball_first(tree, c, q, reach, radius)
     while at[0] > 0:
         j = wp.int64(order[at[1]])
         if skip_self == 0 or j != wp.int64(i):
@@ -266,13 +290,22 @@ def radius_fill(
     reach = sq_bound(radius)
     index = edges[0]
     size = room
-    if room < cap and room <= listed.shape[1]:  # every neighbour fits, and radius_count listed them
-        for c in range(room):
+    kept = room
+    go_on = wp.vec3i(0, 0, 0)
+    if room < cap and room > listed.shape[1]:  # radius_count kept the first places, and where it went on
+        go_on = resumed(listed, i)
+        kept = listed.shape[1] - 3
+    if room < cap and (room <= listed.shape[1] or go_on[0] > 0):
+        for c in range(kept):
             t = listed[i, c]
             distance[s + c] = norm(q - tree.points[t])
             index[s + c] = wp.int64(order[t])
+        if go_on[0] > 0:
+            at = ball_next(tree, cloud_of(tree, i), q, reach, radius, go_on)
+            walk_row(tree, q, i, reach, radius, skip_self, True, s, room, kept, at, distance, index)
     elif room > 0:
-        size = walk_row(tree, q, i, reach, radius, skip_self, room < cap, s, room, distance, index)
+        at = ball_first(tree, cloud_of(tree, i), q, reach, radius)
+        size = walk_row(tree, q, i, reach, radius, skip_self, room < cap, s, room, 0, at, distance, index)
     sort_row(distance, index, s, size)
     for e in range(s, s + room):
         edges[1, e] = wp.int64(i)
