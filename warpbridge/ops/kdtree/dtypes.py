@@ -121,17 +121,10 @@ def gradient_structs(T: Any, V: Any, V4: Any, struct: Any) -> dict:
     return {"Ball": struct(Ball), "Nearest": struct(Nearest), "Pairs": struct(Pairs), "Grads": struct(Grads)}
 
 
+# The float32, 3-D names, for the modules' own annotations (the template rebinds them per
+# float type and dimension).
 _FLOAT32 = names(wp.float32)
-T = _FLOAT32["T"]
-DIM = _FLOAT32["DIM"]
-V = _FLOAT32["V"]
-V4 = _FLOAT32["V4"]
-Sample = _FLOAT32["Sample"]
-SampleAt = _FLOAT32["SampleAt"]
-Item = _FLOAT32["Item"]
-Tree = _FLOAT32["Tree"]
-Rows = _FLOAT32["Rows"]
-Ball = _FLOAT32["Ball"]
-Nearest = _FLOAT32["Nearest"]
-Pairs = _FLOAT32["Pairs"]
-Grads = _FLOAT32["Grads"]
+T, DIM, V, V4, Sample, SampleAt, Item, Tree = (
+    _FLOAT32[k] for k in ("T", "DIM", "V", "V4", "Sample", "SampleAt", "Item", "Tree")
+)
+Rows, Ball, Nearest, Pairs, Grads = (_FLOAT32[k] for k in ("Rows", "Ball", "Nearest", "Pairs", "Grads"))
