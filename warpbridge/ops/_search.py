@@ -181,16 +181,19 @@ def batches(op: str, a: Any, points: dict[str, Any], given: dict[str, Any]) -> l
     return [given[name] for name in names]
 
 
-def run_declared(op: str, arrays: dict[str, Any], numbers: Any, clouds: dict[str, Any] | None = None) -> Any:
-    """Validate the clouds ``arrays`` and their batch vectors ``clouds`` (query_batch and
-    ref_batch, see ``batches``), then the op's numeric arguments (``numbers(adapter, dtype)``,
-    checked in the dtype the op computes in), and run the declared op. Its floating results
-    are cast back to float16/bfloat16 where the clouds came in one of those."""
-    clouds = clouds or {"query_batch": None, "ref_batch": None}
+def run_declared(op: str, arrays: dict[str, Any], query_batch: Any, ref_batch: Any, **numbers: Any) -> Any:
+    """Validate the clouds ``arrays`` and their batch vectors (see ``batches``), then the op's
+    numeric arguments ``numbers`` (``k``, ``radius``, ``sigma``, in the op's order; checked in
+    the dtype the op computes in), and run the declared op. Its floating results are cast
+    back to float16/bfloat16 where the clouds came in one of those."""
+    clouds = {"query_batch": query_batch, "ref_batch": ref_batch}
     a = adapter_of(op, arrays, clouds)
     dtype = check_clouds(op, a, arrays)
     batch = batches(op, a, {name: arrays[name] for name in ("query", "ref")}, clouds)
-    extra = numbers(a, dtype)
+    extra = [
+        k_of(op, value, a.info(arrays["ref"])[1][0]) if name == "k" else positive(op, name, value, dtype)
+        for name, value in numbers.items()
+    ]
     args, ops, half = widen(op, a, arrays, dtype)
     result = declared_op(ops, op, batch)(*args, *batch, *extra)
     if half is None:
@@ -237,13 +240,8 @@ def radius_aggregate(
 
         out = wb.ops.radius_aggregate(grid, cloud, feats, radius=0.2, sigma=0.1)
     """
-    op = "radius_aggregate"
-    return run_declared(
-        op,
-        {"query": query, "ref": ref, "features": features},
-        lambda a, dtype: (positive(op, "radius", radius, dtype), positive(op, "sigma", sigma, dtype)),
-        {"query_batch": query_batch, "ref_batch": ref_batch},
-    )
+    clouds = {"query": query, "ref": ref, "features": features}
+    return run_declared("radius_aggregate", clouds, query_batch, ref_batch, radius=radius, sigma=sigma)
 
 
 def knn(query: Any, ref: Any, k: int, *, query_batch: Any = None, ref_batch: Any = None) -> tuple[Any, Any]:
@@ -270,12 +268,7 @@ def knn(query: Any, ref: Any, k: int, *, query_batch: Any = None, ref_batch: Any
 
         dist, idx = wb.ops.knn(grid, cloud, k=7)
     """
-    return run_declared(
-        "knn",
-        {"query": query, "ref": ref},
-        lambda a, dtype: (k_of("knn", k, a.info(ref)[1][0]),),
-        {"query_batch": query_batch, "ref_batch": ref_batch},
-    )
+    return run_declared("knn", {"query": query, "ref": ref}, query_batch, ref_batch, k=k)
 
 
 def knn_aggregate(
@@ -305,10 +298,5 @@ def knn_aggregate(
 
         out = wb.ops.knn_aggregate(grid, cloud, feats, k=7, sigma=0.1)
     """
-    op = "knn_aggregate"
-    return run_declared(
-        op,
-        {"query": query, "ref": ref, "features": features},
-        lambda a, dtype: (k_of(op, k, a.info(ref)[1][0]), positive(op, "sigma", sigma, dtype)),
-        {"query_batch": query_batch, "ref_batch": ref_batch},
-    )
+    clouds = {"query": query, "ref": ref, "features": features}
+    return run_declared("knn_aggregate", clouds, query_batch, ref_batch, k=k, sigma=sigma)
