@@ -51,8 +51,20 @@ SEGMENT_SECONDS = 0.1
 FIRST_SEGMENT = 1 << 16
 
 
+def _threads_from_environment() -> int:
+    """``WARPBRIDGE_NUM_THREADS`` where it is a positive int, else ``os.cpu_count()``: read once,
+    when warpbridge is imported (a lookup in ``os.environ`` costs ~2 us, and a call asks up to
+    ten times)."""
+    env = os.environ.get("WARPBRIDGE_NUM_THREADS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else _CPUS
+
+
+_DEFAULT_THREADS = _threads_from_environment()
+
+
 def set_num_threads(n: int | None) -> None:
-    """CPU threads used by the neighbour ops' launches (default: ``os.cpu_count()``; None restores it)."""
+    """CPU threads used by the neighbour ops' launches (default: ``WARPBRIDGE_NUM_THREADS`` as
+    it was when warpbridge was imported, else ``os.cpu_count()``; None restores it)."""
     global _num_threads
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise WarpBridgeError(f"set_num_threads(): n must be a positive int or None, got {n!r}")
@@ -60,12 +72,7 @@ def set_num_threads(n: int | None) -> None:
 
 
 def get_num_threads() -> int:
-    if _num_threads is not None:
-        return _num_threads
-    env = os.environ.get("WARPBRIDGE_NUM_THREADS")
-    if env and env.isdigit() and int(env) > 0:
-        return int(env)
-    return _CPUS
+    return _DEFAULT_THREADS if _num_threads is None else _num_threads
 
 
 def threads(device: Any, m: int) -> int:

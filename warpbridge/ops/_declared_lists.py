@@ -39,7 +39,7 @@ def _count(k, query, ref, batch, radius, cap, skip_self, count, ptr, order, quer
     tree = _tree.searched_tree(k, query, ref, queries, order=order, batch=batch)
     before = [query, tree, radius, skip_self, queries]
     _declared.launch(k.radius_count, m, before, [count, listed], device)
-    wp.launch(k.list_offsets, dim=1, inputs=[count, cap, ptr], device=device)
+    _declared.launch(k.list_offsets, 1, [count, cap], [ptr], device)
 
 
 def _fill(k, query, ref, batch, ptr, order, queries, listed, radius, skip_self, cap, edges, distance):
@@ -56,7 +56,7 @@ def _knn_graph(k, x, batch, kk, skip_self, edges):
     dist = wp.empty((m, found), dtype=k.T, device=device)
     idx = wp.empty((m, found), dtype=wp.int64, device=device)
     _declared.knn_forward(k, x, x, found, dist, idx, wp.empty(m, dtype=wp.int32, device=device), batch)
-    wp.launch(k.knn_edges, dim=m, inputs=[idx, kk, skip_self, edges], device=device)
+    _declared.launch(k.knn_edges, m, [idx, kk, skip_self], [edges], device)
 
 
 @functools.cache

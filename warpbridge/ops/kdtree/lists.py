@@ -74,8 +74,9 @@ def resumed(listed: wp.array2d(dtype=wp.int32), i: int) -> wp.vec3i:
 
 
 @kernel
-def list_offsets(counts: wp.array(dtype=wp.int64), cap: int, ptr: wp.array(dtype=wp.int64)):
+def list_offsets(counts: wp.array(dtype=wp.int64), cap: int, stride: int, offset: int, ptr: wp.array(dtype=wp.int64)):
     # One thread: ptr[i] = sum of min(counts, cap) before query i (ptr has M + 1 entries).
+    # (stride and offset: launched as a launch over queries, of one.)
     total = wp.int64(0)
     for i in range(counts.shape[0]):
         ptr[i] = total
@@ -336,10 +337,12 @@ def list_backward(
 
 
 @kernel
-def knn_edges(idx: wp.array2d(dtype=wp.int64), k: int, skip_self: int, edges: wp.array2d(dtype=wp.int64)):
+def knn_edges(
+    idx: wp.array2d(dtype=wp.int64), k: int, skip_self: int, stride: int, offset: int, edges: wp.array2d(dtype=wp.int64)
+):
     # Query i's k nearest as edges (j, i) at i * k onwards, j == i left out with skip_self
     # (the search found k + 1 then); -1 where there are fewer (a point that is not finite).
-    i = wp.tid()
+    i = wp.tid() * stride + offset
     n = int(0)
     for c in range(idx.shape[1]):
         j = idx[i, c]
