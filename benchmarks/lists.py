@@ -5,7 +5,7 @@ side in one process, on every distribution of ``distributions.py``.
 per query: the radius is the median 16th-nearest distance), as CSR (index, ptr) with the
 distances. warpbridge: ``wb.ops.radius`` (rows sorted by distance). cKDTree:
 ``query_ball_point(workers=-1)`` turned into CSR with distances (NumPy). Open3D (when
-installed): ``NearestNeighborSearch.fixed_radius_search`` (nanoflann). The same neighbours are
+installed): ``NearestNeighborSearch.fixed_radius_search`` (a spatial hash grid). The same neighbours are
 checked first: a pair in one list only must lie within float32 rounding of the radius. Then ``radius_graph`` on 10^6 points with about 30 neighbours each: time and
 peak memory. Medians of per-call wall times after warm-up; peak memory is the process's peak
 RSS above its level before the call (Linux).
@@ -52,7 +52,7 @@ def ckdtree_lists(q: np.ndarray, r: np.ndarray, radius: float) -> tuple:
 
 
 def open3d_lists(q: np.ndarray, r: np.ndarray, radius: float) -> tuple:
-    """Open3D's fixed-radius search (CPU, nanoflann): (index, distance, ptr)."""
+    """Open3D's fixed-radius search (CPU, a spatial hash grid): (index, distance, ptr)."""
     import open3d.core as o3c
 
     nns = o3c.nns.NearestNeighborSearch(o3c.Tensor.from_numpy(r))
