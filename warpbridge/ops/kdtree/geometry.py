@@ -182,3 +182,37 @@ def ball_first(tree: Tree, c: wp.vec4i, q: V, reach: T, radius: T) -> wp.vec3i:
         leaf = leaf_from(tree, c, q, 1, reach, radius)
     places = leaf_places(c, leaf)
     return ball_next(tree, c, q, reach, radius, wp.vec3i(leaf, places[0], places[1]))
+
+
+# A row of listed places this wide or wider keeps, where its query has more neighbours than
+# entries, the first (width - 3) places and the walk's state after them (leaf, place, the
+# leaf's end as -1 - end): three entries for the state, and at least one place. A later pass
+# takes the places and walks on from there (resumed) instead of walking the row again.
+RESUMED = 4
+
+
+@func
+def keep_place(listed: wp.array2d(dtype=wp.int32), i: int, count: int, at: wp.vec3i, after_kept: wp.vec3i) -> wp.vec3i:
+    # Row i of `listed` takes neighbour number `count`, found at `at` (leaf, place, the leaf's
+    # end): its place while the row has room, the walk's state once it has none. Returns the
+    # state after the last place a longer row keeps (pass it back in).
+    room = listed.shape[1]
+    if count < room:
+        listed[i, count] = at[1]
+    elif count == room and room >= RESUMED:
+        listed[i, room - 3] = after_kept[0]
+        listed[i, room - 2] = after_kept[1]
+        listed[i, room - 1] = -1 - after_kept[2]
+    if count == room - RESUMED:
+        return wp.vec3i(at[0], at[1] + 1, at[2])
+    return after_kept
+
+
+@func
+def resumed(listed: wp.array2d(dtype=wp.int32), i: int) -> wp.vec3i:
+    # Where the walk for query i goes on after the places row i of `listed` keeps, or leaf 0
+    # when the row holds every neighbour (or is too narrow to hold the state).
+    room = listed.shape[1]
+    if room < RESUMED or listed[i, room - 1] >= 0:
+        return wp.vec3i(0, 0, 0)
+    return wp.vec3i(listed[i, room - 3], listed[i, room - 2], -1 - listed[i, room - 1])

@@ -13,15 +13,10 @@ import warp as wp
 
 from . import template
 from .dtypes import Grads, T, Tree, V
-from .geometry import ball_first, ball_next, cloud_of, norm, query_at, sq_bound
+from .geometry import ball_first, ball_next, cloud_of, keep_place, norm, query_at, resumed, sq_bound
 from .knn import QUERY, REF
 from .rows import pull_on_distance
 from .template import func, kernel
-
-# A row of `listed` this wide or wider keeps, where its query has more neighbours than
-# entries, the first (width - 3) places and the walk's state after them (leaf, place, the
-# leaf's end as -1 - end): three entries for the state, and at least one place.
-RESUMED = 4
 
 
 @kernel
@@ -42,7 +37,6 @@ def radius_count(
     # goes on after them (see resumed), radius_fill walks only the rest.
     i = query_at(wp.tid() * stride + offset, queries)
     q, order = query[i], tree.order
-    room = listed.shape[1]
     reach = sq_bound(radius)
     c = cloud_of(tree, i)
     count = int(0)
@@ -50,27 +44,10 @@ def radius_count(
     at = ball_first(tree, c, q, reach, radius)
     while at[0] > 0:
         if skip_self == 0 or order[at[1]] != i:
-            if count < room:
-                listed[i, count] = at[1]
-            elif count == room and room >= RESUMED:
-                listed[i, room - 3] = after_kept[0]
-                listed[i, room - 2] = after_kept[1]
-                listed[i, room - 1] = -1 - after_kept[2]
-            if count == room - RESUMED:
-                after_kept = wp.vec3i(at[0], at[1] + 1, at[2])
+            after_kept = keep_place(listed, i, count, at, after_kept)
             count += 1
         at = ball_next(tree, c, q, reach, radius, wp.vec3i(at[0], at[1] + 1, at[2]))
     counts[i] = wp.int64(count)
-
-
-@func
-def resumed(listed: wp.array2d(dtype=wp.int32), i: int) -> wp.vec3i:
-    # Where radius_count's walk for query i goes on after the places row i keeps, or leaf 0
-    # when the row holds every neighbour (or is too narrow to hold the state).
-    room = listed.shape[1]
-    if room < RESUMED or listed[i, room - 1] >= 0:
-        return wp.vec3i(0, 0, 0)
-    return wp.vec3i(listed[i, room - 3], listed[i, room - 2], -1 - listed[i, room - 1])
 
 
 @kernel
