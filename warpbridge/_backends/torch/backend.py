@@ -76,7 +76,7 @@ def warp_stream(device: torch.device) -> Any:
 
 class _Torch(Backend):
     """The torch backend's array side (what ``_validate.prepare`` and the gradient rules use);
-    ``warpbridge._torch.BACKEND`` adds the calls and hooks."""
+    :class:`TorchBackend` below adds the calls and hooks."""
 
     name = "torch"
     array_name = "torch.Tensor"
@@ -142,9 +142,6 @@ class _Torch(Backend):
             if idx is not None:
                 values = values.index_select(d, idx if idx.dtype in (torch.int32, torch.int64) else idx.long())
         return values
-
-
-_ARRAYS = _Torch()
 
 
 class Call(NamedTuple):
