@@ -302,16 +302,22 @@ def _launcher(kernel: Any, before: list, after: list, m: int, device: Any, strea
     if not device.is_cpu:
         return launch
     args = [*before, 1, 0, *after]
-    key = (kernel, device.alias, *((a.dtype, a.ndim) if isinstance(a, wp.array) else type(a) for a in args))
-    direct = _RECORDED.get(key)
+    key, values = [kernel, device.alias], []
+    for a in args:  # one pass: the key (dtype and ndim of arrays, type of the rest), the values
+        if isinstance(a, wp.array):
+            key.append((a.dtype, a.ndim))
+            values.append(a.__ctype__())
+        else:
+            key.append(type(a))
+            values.append(a.__ctype__() if hasattr(a, "__ctype__") else a)  # structs by their ctype
+    direct = _RECORDED.get(tuple(key))
     if direct is None:
         rec = warp_runtime.record(kernel, m, args, device)
         if not rec.direct:
             return launch  # CPU tile blocks: Warp's own launch path
-        direct = _RECORDED[key] = _Direct(rec, kernel, len(before))
+        direct = _RECORDED[tuple(key)] = _Direct(rec, kernel, len(before))
         return _Run(direct, direct.template, _team(device))
-    packed = direct.Args(*(a.__ctype__() if hasattr(a, "__ctype__") else a for a in args))  # arrays, structs
-    return _Run(direct, packed, _team(device))
+    return _Run(direct, direct.Args(*values), _team(device))
 
 
 def _team(device: Any) -> Any:
