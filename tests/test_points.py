@@ -457,6 +457,23 @@ def test_a_parallel_launch_runs_every_query_once(m, n_slots, scatter, openmp, mo
         assert (starts == np.arange(m) // chunk * chunk).all()
 
 
+def test_the_launchers_copy_and_minus_ones_write_only_their_arrays():
+    """cpu_launch.copy and minus_ones (a memmove and a memset on contiguous CPU arrays) write
+    what wp.copy and fill_(-1) would, and nothing around a view; strided arrays take Warp's
+    own path."""
+    cpu = wp.get_device("cpu")
+    base = wp.array(np.arange(10, dtype=np.int32), device=cpu)
+    cpu_launch.copy(base[3:7], wp.array(np.arange(100, 104, dtype=np.int32), device=cpu))
+    assert base.numpy().tolist() == [0, 1, 2, 100, 101, 102, 103, 7, 8, 9]
+    cpu_launch.minus_ones(base[2:5])
+    assert base.numpy().tolist() == [0, 1, -1, -1, -1, 102, 103, 7, 8, 9]
+    every_other = wp.array(ptr=base.ptr, dtype=wp.int32, shape=(5,), strides=(8,), device=cpu)
+    cpu_launch.copy(every_other, wp.array(np.arange(50, 55, dtype=np.int32), device=cpu))
+    assert base.numpy().tolist() == [50, 1, 51, -1, 52, 102, 53, 7, 54, 9]
+    cpu_launch.minus_ones(every_other)
+    assert base.numpy().tolist() == [-1, 1, -1, -1, -1, 102, -1, 7, -1, 9]
+
+
 def test_small_scratch_is_reused_per_thread_and_calls_in_threads_stay_apart(monkeypatch):
     """The tree's CPU scratch is kept per thread while small (cpu_launch.kept): the next call of the
     same size reuses it, a big one is not kept, and calls running at once in two threads,

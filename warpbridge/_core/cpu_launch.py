@@ -350,6 +350,25 @@ def kept(kind: str, shape: tuple, dtype: Any, device: Any) -> wp.array:
     return a
 
 
+def copy(dst: wp.array, src: wp.array) -> None:
+    """``wp.copy(dst, src)``: a ``memmove`` where both are contiguous CPU arrays of the same
+    size (~1 us against Warp's ~10 on a small call)."""
+    same = dst.size == src.size and dst.dtype == src.dtype
+    if same and dst.device.is_cpu and src.device.is_cpu and dst.is_contiguous and src.is_contiguous:
+        ctypes.memmove(dst.ptr, src.ptr, dst.size * wp.types.type_size_in_bytes(dst.dtype))
+    else:
+        wp.copy(dst, src)
+
+
+def minus_ones(a: wp.array) -> None:
+    """Every entry of the integer array ``a`` set to -1: a ``memset`` of every bit on contiguous
+    CPU memory, ``fill_`` elsewhere."""
+    if a.device.is_cpu and a.is_contiguous:
+        ctypes.memset(a.ptr, 0xFF, a.size * wp.types.type_size_in_bytes(a.dtype))
+    else:
+        a.fill_(-1)
+
+
 _NOTHING: dict = {}
 
 

@@ -83,7 +83,7 @@ def searched_tree(
     forest = None if batch is None else batch[0]
     arrays = tree(k, ref, into, order, forest)
     if forest is not None and not _same(points, ref):
-        queries.fill_(-1)  # in the given order, which keeps each cloud's points together
+        cpu_launch.minus_ones(queries)  # in the given order, which keeps each cloud's points together
     else:
         query_order(k, points, arrays, queries, points.device, None, ref)
     return tree_struct(k, arrays, batch)
@@ -249,10 +249,10 @@ def query_order(
     _, sorted_points, lo, hi, _ = tree
     if m and _same(points, tree_of):
         with _on(stream):
-            wp.copy(order, tree[0])
+            cpu_launch.copy(order, tree[0])
         return
     if m < QUERY_ORDER_MIN or sorted_points.shape[0] == 0:
-        order.fill_(-1)
+        cpu_launch.minus_ones(order)
         return
     box = wp.empty(2, dtype=k.V, device=device)
     keys, places = (wp.empty(2 * m, dtype=wp.int32, device=device) for _ in range(2))  # the sort needs 2M
