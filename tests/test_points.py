@@ -3,6 +3,8 @@ determinism, autograd invariants, torch.compile and bad input."""
 
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import points_reference as ref_ops
@@ -384,6 +386,20 @@ def test_threads_agree_and_results_are_deterministic(nf):
         for x, y, z in zip(xs, ys, zs):
             assert torch.equal(y, z)  # bitwise deterministic run to run
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("env,want", [("3", 3), ("0", None), ("two", None), ("", None)])
+def test_the_thread_count_comes_from_the_environment_at_import(env, want):
+    """WARPBRIDGE_NUM_THREADS, read when warpbridge is imported: a positive int is the default
+    (set_num_threads overrides it, None restores it); anything else leaves os.cpu_count()."""
+    code = (
+        "import os, warpbridge as wb; n = wb.ops.get_num_threads(); wb.ops.set_num_threads(5); m = wb.ops.get_num_threads();"
+        " wb.ops.set_num_threads(None); print(n, m, wb.ops.get_num_threads(), os.cpu_count())"
+    )
+    env_vars = dict(os.environ, WARPBRIDGE_NUM_THREADS=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env_vars)
+    n, m, back, cpus = map(int, out.stdout.split()[-4:])
+    assert (n, m, back) == (want or cpus, 5, want or cpus), out.stderr[-2000:]
 
 
 def _two_thread_results(ins):
