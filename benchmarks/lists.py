@@ -7,8 +7,11 @@ distances. warpbridge: ``wb.ops.radius`` (rows sorted by distance). cKDTree:
 ``query_ball_point(workers=-1)`` turned into CSR with distances (NumPy). Open3D (when
 installed): ``NearestNeighborSearch.fixed_radius_search`` (a spatial hash grid). The same neighbours are
 checked first: a pair in one list only must lie within float32 rounding of the radius. Then ``radius_graph`` on 10^6 points with about 30 neighbours each: time and
-peak memory. Medians of per-call wall times after warm-up; peak memory is the process's peak
-RSS above its level before the call (Linux).
+peak memory. Last, small graphs (100 and 1 000 points, as a molecule or a mesh patch per
+step): ``radius_graph`` and ``knn_graph`` against the dense PyTorch a user would write there
+(``torch.cdist``, a mask or ``topk``). Medians of per-call wall times after warm-up (for the
+small graphs, medians of rounds of 100 calls); peak memory is the process's peak RSS above its
+level before the call (Linux).
 
 Usage: python benchmarks/lists.py [--sizes 10000,100000] [--quick] [--graph-points 1000000]
        -> table + benchmarks/results/lists-<machine>.json
@@ -107,6 +110,60 @@ def graph_row(n: int, repeat: int) -> dict:
     return row
 
 
+SMALL_NEIGHBOURS = 16
+
+
+def per_call_us(fn, rounds: int) -> float:
+    """Median over ``rounds`` of the mean time of 100 calls, in microseconds."""
+    for _ in range(20):
+        fn()
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(100):
+            fn()
+        times.append((time.perf_counter() - t) * 1e4)
+    return sorted(times)[len(times) // 2]
+
+
+def small_graph_rows(rounds: int) -> list:
+    """radius_graph (about SMALL_NEIGHBOURS neighbours each) and knn_graph (k = SMALL_NEIGHBOURS),
+    self-loops left out, on 100 and 1 000 uniform points, against dense PyTorch; the same edges
+    checked (but for pairs within float32 rounding of the radius)."""
+    return [row for n in (100, 1000) for row in _small_graph(torch.from_numpy(D.make("uniform", n)[0]), rounds)]
+
+
+def _small_graph(pos: torch.Tensor, rounds: int) -> list:
+    n, k = pos.shape[0], SMALL_NEIGHBOURS
+    r = float(wb.ops.knn(pos, pos, k + 1)[0][:, -1].median())
+
+    def distances():
+        return torch.cdist(pos, pos, compute_mode="donot_use_mm_for_euclid_dist")
+
+    def dense_radius():
+        near = distances() <= r
+        near.fill_diagonal_(False)
+        return near.nonzero().T.flip(0)  # (neighbour, centre), as PyG
+
+    def dense_knn():
+        idx = distances().topk(k + 1, largest=False).indices[:, 1:]
+        return torch.stack([idx.reshape(-1), torch.arange(n).repeat_interleave(k)])
+
+    ours = {tuple(e) for e in wb.ops.radius_graph(pos, r).T.tolist()}
+    theirs = {tuple(e) for e in dense_radius().T.tolist()}
+    d = distances()
+    assert all(abs(float(d[j, i]) - r) <= 1e-5 * r for j, i in ours ^ theirs), "different graphs"
+    assert wb.ops.knn_graph(pos, k).shape == dense_knn().shape
+    rows = []
+    for what, fn, dense in (
+        ("radius_graph", lambda: wb.ops.radius_graph(pos, r), dense_radius),
+        ("knn_graph", lambda: wb.ops.knn_graph(pos, k), dense_knn),
+    ):
+        t = {"warpbridge": per_call_us(fn, rounds), "dense torch": per_call_us(dense, rounds)}
+        rows.append({"graph": what, "n": n, "us": t, "vs_dense": t["dense torch"] / t["warpbridge"]})
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="10000,100000")
@@ -138,6 +195,13 @@ def main() -> None:
         f"radius_graph: {graph['n']:,} points, {graph['edges_per_point']:.1f} edges each: {graph['ms']:.0f} ms, "
         f"peak {graph['peak_mib']:.0f} MiB (the edge_index alone: {graph['output_mib']:.0f} MiB)"
     )
+    small = small_graph_rows(5 if args.quick else 15)
+    for row in small:
+        t = row["us"]
+        print(
+            f"{row['graph']:12s} {row['n']:5d} points: warpbridge {t['warpbridge']:7.1f} us,"
+            f" dense torch {t['dense torch']:7.1f} us ({row['vs_dense']:.2f}x)"
+        )
     meta = {
         "date": date.today().isoformat(),
         "device": platform.machine(),
@@ -149,7 +213,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"lists-{platform.machine()}-{os.cpu_count()}cpu.json")
     with open(path, "w") as fh:
-        json.dump({"meta": meta, "rows": rows, "radius_graph": graph}, fh, indent=1)
+        json.dump({"meta": meta, "rows": rows, "radius_graph": graph, "small_graphs": small}, fh, indent=1)
     print(f"-> {path}")
 
 
