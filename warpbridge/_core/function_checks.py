@@ -173,11 +173,12 @@ def _untaped_outputs(outputs: dict, written: list) -> list:
     """The floating outputs nothing on the tape writes but that hold values: filled outside it
     (``wp.utils.array_sum``, ``array_scan``, ``.fill_()``, a copy from an array without a
     gradient), so the tape cannot carry their gradients."""
-    return [
-        (y, _output_filled_outside(name))
-        for name, y, memory in ((name, y, span(y)) for name, y in outputs.items())
-        if y.size and not any(overlap(memory, m) for m in written) and host_bytes(y).strip(b"\0")
-    ]
+    found = []
+    for name, y in outputs.items():
+        memory = span(y) if y.size else None
+        if memory and not any(overlap(memory, m) for m in written) and holds_values(y):
+            found.append((y, _output_filled_outside(name)))
+    return found
 
 
 def _untaped_inner(launches: list[RecordedLaunch], places: list, kernels: list, outside: dict) -> tuple[list, list]:
@@ -192,7 +193,7 @@ def _untaped_inner(launches: list[RecordedLaunch], places: list, kernels: list, 
             if id(a) in outside and id(a) not in found and label in reads[launch.kernel]:
                 found[id(a)] = (place, label, a)
     untaped = list(found.values())
-    inner = [(a, _inner_filled_outside(a)) for _, _, a in untaped if a.grad is not None and host_bytes(a).strip(b"\0")]
+    inner = [(a, _inner_filled_outside(a)) for _, _, a in untaped if a.grad is not None and holds_values(a)]
     return inner, [(place, label, a) for place, label, a in untaped if a.grad is None]
 
 
@@ -215,11 +216,16 @@ def _is_floating_number(v: Any) -> bool:
     return t in _FLOATS or getattr(t, "_wp_scalar_type_", None) in _FLOATS
 
 
+def holds_values(a: Any) -> bool:
+    """Whether array ``a`` (None: none) holds anything but zeros, read on the host."""
+    return a is not None and bool(host_bytes(a).strip(b"\0"))
+
+
 def refuse_gradients_into(op: Any, untaped: list) -> None:
     """Refuse a backward that brought a non-zero gradient into an array filled outside the tape
     (``untaped``: (array, why) pairs, from :class:`Untaped`): it cannot go further."""
     for a, why in untaped:
-        if a.grad is not None and host_bytes(a.grad).strip(b"\0"):
+        if holds_values(a.grad):
             raise fail(op.name, f"cannot differentiate: launch function {op.sig.func.__name__}() {why}")
 
 

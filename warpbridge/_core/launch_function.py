@@ -19,6 +19,7 @@ from .function_checks import (
     Untaped,
     check_recorded,
     floating,
+    holds_values,
     input_dependent_fill,
     input_dependent_number,
     input_written,
@@ -231,7 +232,7 @@ def refuse_host_dependence(op: Any, rec: Recording, in_grads: Sequence[int]) -> 
     key = tuple((place, label) for place, label, _ in untaped.plain + untaped.numbers)
     if key in constants:
         return
-    reached = [(p, label, a) for p, label, a in untaped.plain if a.grad is not None and host_bytes(a.grad).strip(b"\0")]
+    reached = [(p, label, a) for p, label, a in untaped.plain if holds_values(a.grad)]
     if not reached and not untaped.numbers:
         return
     sig = plan.sig
