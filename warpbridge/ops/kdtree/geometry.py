@@ -186,26 +186,10 @@ def ball_first(tree: Tree, c: wp.vec4i, q: V, reach: T, radius: T) -> wp.vec3i:
 
 # A row of listed places this wide or wider keeps, where its query has more neighbours than
 # entries, the first (width - 3) places and the walk's state after them (leaf, place, the
-# leaf's end as -1 - end): three entries for the state, and at least one place. A later pass
-# takes the places and walks on from there (resumed) instead of walking the row again.
+# leaf's end as -1 - end): three entries for the state, and at least one place (radius_count
+# in lists.py writes them). A later pass takes the places and walks on from there (resumed)
+# instead of walking the row again.
 RESUMED = 4
-
-
-@func
-def keep_place(listed: wp.array2d(dtype=wp.int32), i: int, count: int, at: wp.vec3i, after_kept: wp.vec3i) -> wp.vec3i:
-    # Row i of `listed` takes neighbour number `count`, found at `at` (leaf, place, the leaf's
-    # end): its place while the row has room, the walk's state once it has none. Returns the
-    # state after the last place a longer row keeps (pass it back in).
-    room = listed.shape[1]
-    if count < room:
-        listed[i, count] = at[1]
-    elif count == room and room >= RESUMED:
-        listed[i, room - 3] = after_kept[0]
-        listed[i, room - 2] = after_kept[1]
-        listed[i, room - 1] = -1 - after_kept[2]
-    if count == room - RESUMED:
-        return wp.vec3i(at[0], at[1] + 1, at[2])
-    return after_kept
 
 
 @func

@@ -66,6 +66,25 @@ def aggregate_row(
 ): ...
 
 
+# `square` and `norm_of` (as geometry.norm) for native code that has typedefs Real and Vec and
+# a constant `inf`.
+NORM_OF = r"""
+// Over NDIM coordinates, in the order of the 3-D expressions (x * x + y * y) + z * z:
+auto square = [&](const Vec& v) -> Real {
+    Real s = v[0] * v[0];
+    for (int a = 1; a < NDIM; ++a) s += v[a] * v[a];
+    return s;
+};
+auto norm_of = [&](const Vec& v) -> Real {  // as geometry.norm
+    const Real d2 = square(v);
+    if (d2 < inf && d2 >= (Real)1e-30) return wp::sqrt(d2);
+    Real a = wp::abs(v[0]);
+    for (int b = 1; b < NDIM; ++b) a = wp::max(a, wp::abs(v[b]));
+    if (a == (Real)0 || !(a < inf)) return a;
+    return a * wp::sqrt(square(v / a));
+};
+"""
+
 # knn_query: query i's k nearest points of its cloud (see geometry.cloud_of), sorted by
 # distance, then index, into its rows of dist and idx (inf and -1 where there are fewer
 # than k points; no search for a query that is not finite). Depth first from the root: the nearer child first, the other on
@@ -101,20 +120,7 @@ const Vec* __restrict__ HI = (const Vec*)hi.data + cloud[2];
 const wp::int32* __restrict__ MI = (const wp::int32*)min_index.data + cloud[2];
 const int depth = cloud[3];
 const int leaves = 1 << depth;
-// Over NDIM coordinates, in the order of the 3-D expressions (x * x + y * y) + z * z:
-auto square = [&](const Vec& v) -> Real {
-    Real s = v[0] * v[0];
-    for (int a = 1; a < NDIM; ++a) s += v[a] * v[a];
-    return s;
-};
-auto norm_of = [&](const Vec& v) -> Real {  // as geometry.norm
-    const Real d2 = square(v);
-    if (d2 < inf && d2 >= (Real)1e-30) return wp::sqrt(d2);
-    Real a = wp::abs(v[0]);
-    for (int b = 1; b < NDIM; ++b) a = wp::max(a, wp::abs(v[b]));
-    if (a == (Real)0 || !(a < inf)) return a;
-    return a * wp::sqrt(square(v / a));
-};
+NORM_OF
 auto gap = [&](int node) -> Vec {
     const Vec l = LO[node], h = HI[node];
     Vec g;
@@ -199,7 +205,7 @@ while (node > 0 || sp > 0) {
     }
     node = 0;
 }
-""".replace("STACK", str(STACK))
+""".replace("STACK", str(STACK)).replace("NORM_OF", NORM_OF)
 
 
 @template.func_native(_KNN_SNIPPET)
