@@ -1,7 +1,7 @@
 """Radius neighbour lists (CSR over the queries) and the gradient of their distances.
 
 A list is built in two passes over the same walk (``geometry.ball_first``/``ball_next``,
-which ``count_row`` repeats in native code): ``radius_count`` counts each query's neighbours;
+repeated in native code: ``_BALL_WALK``): ``radius_count`` counts each query's neighbours;
 the caller turns the counts, capped at ``cap``, into row offsets (``list_offsets``);
 ``radius_fill`` then fills each query's row with its closest ``cap`` neighbours (all of them
 when there are fewer), in ascending distance, ties by index, through a bounded max-heap of
@@ -14,32 +14,22 @@ import warp as wp
 
 from . import template
 from .dtypes import Grads, T, Tree, V
-from .geometry import RESUMED, ball_first, ball_next, cloud_of, norm, query_at, resumed, sq_bound
+from .geometry import RESUMED, cloud_of, query_at, resumed, sq_bound
 from .knn import NORM_OF, QUERY, REF
 from .rows import pull_on_distance
-from .template import func, kernel
+from .template import kernel
 
-# count_row: query i's neighbours within the radius in cloud c (j == i left out with
-# skip_self), and their places in the tree in row i of `listed` (see geometry.RESUMED): the
-# walk of geometry.ball_first/ball_next, step for step (radius_fill walks on from where a
-# long row stopped), in native code. In Warp, radius_count took 1.2 ms of a 2.9 ms radius call
-# (2 000 queries, 10^4 duplicated points, 37 boxes and 76 points tested a query).
-_COUNT_SNIPPET = r"""
-typedef REAL Real;
-typedef wp::vec_t<NDIM, Real> Vec;
-const Real inf = (Real)INFINITY;
-NORM_OF
-for (int a = 0; a < NDIM; ++a) if (!(wp::abs(q[a]) < inf)) return 0;
+# The radius searches' walk of geometry.ball_first/ball_next, step for step, for native code
+# over the points of cloud `cloud` (Real, Vec, inf, square and norm_of as NORM_OF defines
+# them): walk(leaf, t, e, visit) calls visit(t, leaf, e) for each place t within `radius` of q
+# (j == i left out with skip_self), where `leaf` is the leaf holding t, its places ending at
+# e; from the root with leaf 0, else from place t of `leaf` on (a walk that stopped there).
+_BALL_WALK = r"""
 const int first = cloud[0], n = cloud[1], depth = cloud[3], leaves = 1 << depth;
-if (n == 0) return 0;
 const Vec* __restrict__ P = (const Vec*)points.data;  // the tree's arrays are packed
 const wp::int32* __restrict__ O = (const wp::int32*)order.data;
 const Vec* __restrict__ LO = (const Vec*)lo.data + cloud[2];
 const Vec* __restrict__ HI = (const Vec*)hi.data + cloud[2];
-char* const row = (char*)listed.data + (size_t)i * (size_t)listed.strides[0];
-const size_t ls = (size_t)listed.strides[1];
-auto keep = [&](int c, int value) { *(wp::int32*)(row + (size_t)c * ls) = value; };
-const int room = listed.shape[1];
 auto near = [&](int node) -> bool {  // as geometry.near_box
     Vec g;
     for (int a = 0; a < NDIM; ++a) g[a] = wp::max(wp::max(LO[node][a] - q[a], q[a] - HI[node][a]), (Real)0);
@@ -50,43 +40,74 @@ auto after = [](int node) -> int {  // as geometry.after
     while (node & 1) node >>= 1;
     return node == 0 ? 0 : node + 1;
 };
+auto walk = [&](int leaf, int t, int e, auto&& visit) {
+    if (leaf == 0) {
+        if (n == 0) return;
+        for (int a = 0; a < NDIM; ++a) if (!(wp::abs(q[a]) < inf)) return;
+    }
+    int node = 1;
+    for (;;) {
+        if (leaf > 0) {
+            for (; t < e; ++t) {
+                const Vec diff = q - P[t];
+                if (square(diff) <= reach && norm_of(diff) <= radius && (skip_self == 0 || O[t] != i)) visit(t, leaf, e);
+            }
+            node = after(leaf);
+            leaf = 0;
+        }
+        while (node > 0 && leaf == 0) {  // as geometry.leaf_from
+            if (!near(node)) node = after(node);
+            else if (node < leaves) node = 2 * node;
+            else leaf = node;
+        }
+        if (leaf == 0) return;
+        t = first + (int)(((wp::int64)(leaf - leaves) * n) >> depth);
+        e = first + (int)(((wp::int64)(leaf - leaves + 1) * n) >> depth);
+    }
+};
+"""
+
+# count_row: query i's neighbours within the radius in cloud c (j == i left out with
+# skip_self), and their places in the tree in row i of `listed` (see geometry.RESUMED). Native
+# code: in Warp (ball_first/ball_next), radius_count took 1.21 of a 2.9 ms radius call (2 000
+# queries, 10^4 duplicated points; 0.53 ms native) and 32.7 ms on a LiDAR sweep of 10^5 points
+# (12.0 ms native).
+_COUNT_SNIPPET = r"""
+typedef REAL Real;
+typedef wp::vec_t<NDIM, Real> Vec;
+const Real inf = (Real)INFINITY;
+NORM_OF
+BALL_WALK
+char* const row = (char*)listed.data + (size_t)i * (size_t)listed.strides[0];
+const size_t ls = (size_t)listed.strides[1];
+auto keep = [&](int c, int value) { *(wp::int32*)(row + (size_t)c * ls) = value; };
+const int room = listed.shape[1];
 int count = 0, kept_leaf = 0, kept_at = 0, kept_end = 0;
-int node = 1;
-while (node > 0) {
-    if (!near(node)) {
-        node = after(node);
-        continue;
+walk(0, 0, 0, [&](int t, int leaf, int e) {
+    if (count < room) {  // the place; once the row is full, where the walk goes on
+        keep(count, t);
+    } else if (count == room && room >= RESUMED) {
+        keep(room - 3, kept_leaf);
+        keep(room - 2, kept_at);
+        keep(room - 1, -1 - kept_end);
     }
-    if (node < leaves) {
-        node = 2 * node;
-        continue;
+    if (count == room - RESUMED) {
+        kept_leaf = leaf;
+        kept_at = t + 1;
+        kept_end = e;
     }
-    const int s = first + (int)(((wp::int64)(node - leaves) * n) >> depth);
-    const int e = first + (int)(((wp::int64)(node - leaves + 1) * n) >> depth);
-    for (int t = s; t < e; ++t) {
-        const Vec diff = q - P[t];
-        if (!(square(diff) <= reach && norm_of(diff) <= radius) || (skip_self != 0 && O[t] == i)) continue;
-        if (count < room) {  // the place; once the row is full, where the walk goes on
-            keep(count, t);
-        } else if (count == room && room >= RESUMED) {
-            keep(room - 3, kept_leaf);
-            keep(room - 2, kept_at);
-            keep(room - 1, -1 - kept_end);
-        }
-        if (count == room - RESUMED) {
-            kept_leaf = node;
-            kept_at = t + 1;
-            kept_end = e;
-        }
-        ++count;
-    }
-    node = after(node);
-}
+    ++count;
+});
 return count;
 """
 
 
-@template.func_native(_COUNT_SNIPPET.replace("NORM_OF", NORM_OF).replace("RESUMED", str(RESUMED)))
+def _walking(snippet: str) -> str:
+    """A native snippet with NORM_OF, BALL_WALK and RESUMED filled in."""
+    return snippet.replace("BALL_WALK", _BALL_WALK).replace("NORM_OF", NORM_OF).replace("RESUMED", str(RESUMED))
+
+
+@template.func_native(_walking(_COUNT_SNIPPET))
 def count_row(
     q: V,
     points: wp.array(dtype=V),
@@ -135,50 +156,6 @@ def list_offsets(counts: wp.array(dtype=wp.int64), cap: int, stride: int, offset
         ptr[i] = total
         total += wp.min(counts[i], wp.int64(cap))
     ptr[counts.shape[0]] = total
-
-
-@func
-def before(da: T, ja: wp.int64, db: T, jb: wp.int64) -> bool:
-    # (da, ja) sorts before (db, jb): nearer, or as near with a smaller index.
-    return da < db or (da == db and ja < jb)
-
-
-@func
-def swap(dist: wp.array(dtype=T), idx: wp.array(dtype=wp.int64), a: int, b: int):
-    d = dist[a]
-    j = idx[a]
-    dist[a] = dist[b]
-    idx[a] = idx[b]
-    dist[b] = d
-    idx[b] = j
-
-
-@func
-def sift_down(dist: wp.array(dtype=T), idx: wp.array(dtype=wp.int64), s: int, top: int, size: int):
-    # Restore the max-heap (by `before`) of the size entries at s.. below entry top.
-    k = top
-    while 2 * k + 1 < size:
-        c = 2 * k + 1
-        if c + 1 < size and before(dist[s + c], idx[s + c], dist[s + c + 1], idx[s + c + 1]):
-            c += 1
-        if not before(dist[s + k], idx[s + k], dist[s + c], idx[s + c]):
-            return
-        swap(dist, idx, s + k, s + c)
-        k = c
-
-
-@func
-def heap_push(dist: wp.array(dtype=T), idx: wp.array(dtype=wp.int64), s: int, size: int, d: T, j: wp.int64):
-    # Add (d, j) to the max-heap of the size entries at s.. (room for one more).
-    k = size
-    dist[s + k] = d
-    idx[s + k] = j
-    while k > 0:
-        p = (k - 1) // 2
-        if not before(dist[s + p], idx[s + p], dist[s + k], idx[s + k]):
-            return
-        swap(dist, idx, s + k, s + p)
-        k = p
 
 
 # Rows of up to this many float32 entries sort as packed 64-bit keys (see sort_row).
@@ -371,33 +348,75 @@ def listed_row(
 ) -> bool: ...
 
 
-@func
+# walk_row: query i's row at s, holding `size` entries, from the walk standing at place
+# at[1] of leaf at[0] (its places ending at at[2]; leaf 0: from the start): every neighbour
+# in turn where they all fit, else a max-heap by (distance, index) of the `room` closest so
+# far. Returns how many entries the row holds. Native code, as count_row.
+_WALK_ROW_SNIPPET = r"""
+typedef REAL Real;
+typedef wp::vec_t<NDIM, Real> Vec;
+const Real inf = (Real)INFINITY;
+NORM_OF
+BALL_WALK
+char* const dp = (char*)dist.data;
+char* const ip = (char*)idx.data;
+const size_t ds = (size_t)dist.strides[0], is = (size_t)idx.strides[0];
+auto D = [&](int t) -> Real& { return *(Real*)(dp + (size_t)t * ds); };
+auto J = [&](int t) -> wp::int64& { return *(wp::int64*)(ip + (size_t)t * is); };
+auto before = [&](int a, int b) { return D(a) < D(b) || (D(a) == D(b) && J(a) < J(b)); };
+auto swap = [&](int a, int b) {
+    const Real d = D(a); D(a) = D(b); D(b) = d;
+    const wp::int64 j = J(a); J(a) = J(b); J(b) = j;
+};
+int held = size;
+walk(at[0], at[1], at[2], [&](int t, int, int) {
+    const Real d = norm_of(q - P[t]);
+    const wp::int64 j = (wp::int64)O[t];
+    if (fits || held < room) {
+        D(s + held) = d;
+        J(s + held) = j;
+        int k = held++;
+        while (!fits && k > 0 && before(s + (k - 1) / 2, s + k)) {  // up the max-heap
+            swap(s + k, s + (k - 1) / 2);
+            k = (k - 1) / 2;
+        }
+    } else if (d < D(s) || (d == D(s) && j < J(s))) {  // nearer than the heap's farthest
+        D(s) = d;
+        J(s) = j;
+        int k = 0;
+        while (2 * k + 1 < held) {  // down the max-heap
+            int c = 2 * k + 1;
+            if (c + 1 < held && before(s + c, s + c + 1)) ++c;
+            if (!before(s + k, s + c)) break;
+            swap(s + k, s + c);
+            k = c;
+        }
+    }
+});
+return held;
+"""
+
+
+@template.func_native(_walking(_WALK_ROW_SNIPPET))
 def walk_row(
-    tree: Tree, q: V, i: int, reach: T, radius: T, skip_self: int, fits: bool, s: int, room: int,
-    size: int, at: wp.vec3i, distance: wp.array(dtype=T), index: wp.array(dtype=wp.int64),
-) -> int:  # fmt: skip
-    # Query i's row at s, holding `size` entries, from the walk standing at `at` (from
-    # ball_first, or ball_next): every neighbour in turn where they all fit, else a max-heap
-    # of the room closest so far. Returns how many it holds.
-    order = tree.order
-    c = cloud_of(tree, i)
-    while at[0] > 0:
-        j = wp.int64(order[at[1]])
-        if skip_self == 0 or j != wp.int64(i):
-            d = norm(q - tree.points[at[1]])
-            if fits:
-                distance[s + size] = d
-                index[s + size] = j
-                size += 1
-            elif size < room:
-                heap_push(distance, index, s, size, d, j)
-                size += 1
-            elif before(d, j, distance[s], index[s]):
-                distance[s] = d
-                index[s] = j
-                sift_down(distance, index, s, 0, size)
-        at = ball_next(tree, c, q, reach, radius, wp.vec3i(at[0], at[1] + 1, at[2]))
-    return size
+    q: V,
+    points: wp.array(dtype=V),
+    order: wp.array(dtype=wp.int32),
+    lo: wp.array(dtype=V),
+    hi: wp.array(dtype=V),
+    cloud: wp.vec4i,
+    reach: T,
+    radius: T,
+    skip_self: int,
+    i: int,
+    fits: bool,
+    s: int,
+    room: int,
+    size: int,
+    at: wp.vec3i,
+    dist: wp.array(dtype=T),
+    idx: wp.array(dtype=wp.int64),
+) -> int: ...
 
 
 @kernel
@@ -429,14 +448,19 @@ def radius_fill(
         go_on = resumed(listed, i)
         kept = listed.shape[1] - 3
     is_sorted = False
+    c = cloud_of(tree, i)
+    points, lo, hi = tree.points, tree.lo, tree.hi
     if room < cap and (room <= listed.shape[1] or go_on[0] > 0):
-        is_sorted = listed_row(q, tree.points, order, listed, i, kept, go_on[0] == 0, s, distance, index)
+        is_sorted = listed_row(q, points, order, listed, i, kept, go_on[0] == 0, s, distance, index)
         if go_on[0] > 0:
-            at = ball_next(tree, cloud_of(tree, i), q, reach, radius, go_on)
-            walk_row(tree, q, i, reach, radius, skip_self, True, s, room, kept, at, distance, index)
+            walk_row(
+                q, points, order, lo, hi, c, reach, radius, skip_self, i, True, s, room, kept, go_on, distance, index
+            )
     elif room > 0:
-        at = ball_first(tree, cloud_of(tree, i), q, reach, radius)
-        size = walk_row(tree, q, i, reach, radius, skip_self, room < cap, s, room, 0, at, distance, index)
+        start = wp.vec3i(0, 0, 0)
+        size = walk_row(
+            q, points, order, lo, hi, c, reach, radius, skip_self, i, room < cap, s, room, 0, start, distance, index
+        )
     if not is_sorted:
         sort_row(distance, index, s, size)
     for e in range(s, s + room):
