@@ -81,6 +81,21 @@ def tree_up(
 
 
 @kernel
+def tree_top(
+    nodes: int,
+    stride: int,
+    offset: int,
+    lo: wp.array(dtype=V),
+    hi: wp.array(dtype=V),
+    min_index: wp.array(dtype=wp.int32),
+):
+    # One thread: nodes 1 .. nodes - 1 from their children, the deepest first (the nodes
+    # below, from `nodes` on, done): the top levels in one launch instead of one a level.
+    for t in range(1, nodes):
+        merge_up(0, nodes - t, lo, hi, min_index)
+
+
+@kernel
 def tree_init(
     points: wp.array(dtype=V), stride: int, offset: int, pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32)
 ):
