@@ -57,6 +57,9 @@ def test_segments_cover_every_query_once_aligned_to_the_slots():
 SCRIPT = """
     import os, signal, sys, threading, time
     import numpy as np
+    # Python's own Ctrl-C handler, also where the parent ran us with SIGINT ignored (a
+    # background job of a shell without job control)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if sys.argv[1] == "torch":
         import torch
     import warpbridge as wb

@@ -53,7 +53,7 @@ from typing import Any
 
 import warp as wp
 
-from . import build, dtypes, geometry, knn, lists, morton, partition, radius, rows
+from . import build, dtypes, geometry, knn, lists, morton, partition, radius, rows, sort
 from .template import instantiate
 
 # The most points per leaf: the fewest levels that leave at most this many, so 11 to 22 per
@@ -63,7 +63,7 @@ from .template import instantiate
 LEAF_SIZE = 22
 MORTON_BITS = morton.MORTON_BITS
 QUERY, REF, FEATURES, ONE_PASS = knn.QUERY, knn.REF, knn.FEATURES, radius.ONE_PASS
-_MODULES = (geometry, rows, partition, build, morton, knn, radius, lists)
+_MODULES = (geometry, rows, partition, build, morton, knn, radius, sort, lists)
 
 
 @functools.cache

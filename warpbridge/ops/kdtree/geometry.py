@@ -200,3 +200,71 @@ def resumed(listed: wp.array2d(dtype=wp.int32), i: int) -> wp.vec3i:
     if room < RESUMED or listed[i, room - 1] >= 0:
         return wp.vec3i(0, 0, 0)
     return wp.vec3i(listed[i, room - 3], listed[i, room - 2], -1 - listed[i, room - 1])
+
+
+# `square` and `norm_of` (as norm) for native code that has typedefs Real and Vec and
+# a constant `inf`.
+NORM_OF = r"""
+// Over NDIM coordinates, in the order of the 3-D expressions (x * x + y * y) + z * z:
+auto square = [&](const Vec& v) -> Real {
+    Real s = v[0] * v[0];
+    for (int a = 1; a < NDIM; ++a) s += v[a] * v[a];
+    return s;
+};
+auto norm_of = [&](const Vec& v) -> Real {  // as norm
+    const Real d2 = square(v);
+    if (d2 < inf && d2 >= (Real)1e-30) return wp::sqrt(d2);
+    Real a = wp::abs(v[0]);
+    for (int b = 1; b < NDIM; ++b) a = wp::max(a, wp::abs(v[b]));
+    if (a == (Real)0 || !(a < inf)) return a;
+    return a * wp::sqrt(square(v / a));
+};
+"""
+
+# The radius searches' walk of ball_first/ball_next, step for step, for native code
+# over the points of cloud `cloud` (Real, Vec, inf, square and norm_of as NORM_OF defines
+# them): walk(leaf, t, e, visit) calls visit(t, leaf, e) for each place t within `radius` of q
+# (j == i left out with skip_self), where `leaf` is the leaf holding t, its places ending at
+# e; from the root with leaf 0, else from place t of `leaf` on (a walk that stopped there).
+BALL_WALK = r"""
+const int first = cloud[0], n = cloud[1], depth = cloud[3], leaves = 1 << depth;
+const Vec* __restrict__ P = (const Vec*)points.data;  // the tree's arrays are packed
+const wp::int32* __restrict__ O = (const wp::int32*)order.data;
+const Vec* __restrict__ LO = (const Vec*)lo.data + cloud[2];
+const Vec* __restrict__ HI = (const Vec*)hi.data + cloud[2];
+auto near = [&](int node) -> bool {  // as near_box
+    Vec g;
+    for (int a = 0; a < NDIM; ++a) g[a] = wp::max(wp::max(LO[node][a] - q[a], q[a] - HI[node][a]), (Real)0);
+    if (square(g) > reach) return false;
+    return reach < inf || norm_of(g) <= radius * (Real)1.00001;
+};
+auto after = [](int node) -> int {  // as after
+    while (node & 1) node >>= 1;
+    return node == 0 ? 0 : node + 1;
+};
+auto walk = [&](int leaf, int t, int e, auto&& visit) {
+    if (leaf == 0) {
+        if (n == 0) return;
+        for (int a = 0; a < NDIM; ++a) if (!(wp::abs(q[a]) < inf)) return;
+    }
+    int node = 1;
+    for (;;) {
+        if (leaf > 0) {
+            for (; t < e; ++t) {
+                const Vec diff = q - P[t];
+                if (square(diff) <= reach && norm_of(diff) <= radius && (skip_self == 0 || O[t] != i)) visit(t, leaf, e);
+            }
+            node = after(leaf);
+            leaf = 0;
+        }
+        while (node > 0 && leaf == 0) {  // as leaf_from
+            if (!near(node)) node = after(node);
+            else if (node < leaves) node = 2 * node;
+            else leaf = node;
+        }
+        if (leaf == 0) return;
+        t = first + (int)(((wp::int64)(leaf - leaves) * n) >> depth);
+        e = first + (int)(((wp::int64)(leaf - leaves + 1) * n) >> depth);
+    }
+};
+"""

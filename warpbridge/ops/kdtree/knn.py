@@ -10,7 +10,7 @@ import warp as wp
 
 from . import template
 from .dtypes import STACK, Grads, Nearest, Rows, T, Tree, V
-from .geometry import cloud_of, norm, query_at
+from .geometry import NORM_OF, cloud_of, norm, query_at
 from .rows import add_feature_row, feature_dot, pull_on_distance, row_dot, sub_from_ref
 from .template import kernel
 
@@ -65,25 +65,6 @@ def aggregate_row(
     out: wp.array2d(dtype=T),
 ): ...
 
-
-# `square` and `norm_of` (as geometry.norm) for native code that has typedefs Real and Vec and
-# a constant `inf`.
-NORM_OF = r"""
-// Over NDIM coordinates, in the order of the 3-D expressions (x * x + y * y) + z * z:
-auto square = [&](const Vec& v) -> Real {
-    Real s = v[0] * v[0];
-    for (int a = 1; a < NDIM; ++a) s += v[a] * v[a];
-    return s;
-};
-auto norm_of = [&](const Vec& v) -> Real {  // as geometry.norm
-    const Real d2 = square(v);
-    if (d2 < inf && d2 >= (Real)1e-30) return wp::sqrt(d2);
-    Real a = wp::abs(v[0]);
-    for (int b = 1; b < NDIM; ++b) a = wp::max(a, wp::abs(v[b]));
-    if (a == (Real)0 || !(a < inf)) return a;
-    return a * wp::sqrt(square(v / a));
-};
-"""
 
 # knn_query: query i's k nearest points of its cloud (see geometry.cloud_of), sorted by
 # distance, then index, into its rows of dist and idx (inf and -1 where there are fewer
