@@ -222,16 +222,16 @@ auto norm_of = [&](const Vec& v) -> Real {  // as norm
 """
 
 # The radius searches' walk of ball_first/ball_next, step for step, for native code
-# over the points of cloud `cloud` (Real, Vec, inf, square and norm_of as NORM_OF defines
-# them): walk(leaf, t, e, visit) calls visit(t, leaf, e) for each place t within `radius` of q
+# over the points of cloud `cloud` of `tree` (Real, Vec, inf, square and norm_of as NORM_OF
+# defines them): walk(leaf, t, e, visit) calls visit(t, leaf, e) for each place t within `radius` of q
 # (j == i left out with skip_self), where `leaf` is the leaf holding t, its places ending at
 # e; from the root with leaf 0, else from place t of `leaf` on (a walk that stopped there).
 BALL_WALK = r"""
 const int first = cloud[0], n = cloud[1], depth = cloud[3], leaves = 1 << depth;
-const Vec* __restrict__ P = (const Vec*)points.data;  // the tree's arrays are packed
-const wp::int32* __restrict__ O = (const wp::int32*)order.data;
-const Vec* __restrict__ LO = (const Vec*)lo.data + cloud[2];
-const Vec* __restrict__ HI = (const Vec*)hi.data + cloud[2];
+const Vec* __restrict__ P = (const Vec*)tree.points.data;  // the tree's arrays are packed
+const wp::int32* __restrict__ O = (const wp::int32*)tree.order.data;
+const Vec* __restrict__ LO = (const Vec*)tree.lo.data + cloud[2];
+const Vec* __restrict__ HI = (const Vec*)tree.hi.data + cloud[2];
 auto near = [&](int node) -> bool {  // as near_box
     Vec g;
     for (int a = 0; a < NDIM; ++a) g[a] = wp::max(wp::max(LO[node][a] - q[a], q[a] - HI[node][a]), (Real)0);

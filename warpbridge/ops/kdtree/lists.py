@@ -63,10 +63,7 @@ def _walking(snippet: str) -> str:
 @template.func_native(_walking(_COUNT_SNIPPET))
 def count_row(
     q: V,
-    points: wp.array(dtype=V),
-    order: wp.array(dtype=wp.int32),
-    lo: wp.array(dtype=V),
-    hi: wp.array(dtype=V),
+    tree: Tree,
     cloud: wp.vec4i,
     reach: T,
     radius: T,
@@ -95,9 +92,7 @@ def radius_count(
     i = query_at(wp.tid() * stride + offset, queries)
     c = cloud_of(tree, i)
     reach = sq_bound(radius)
-    counts[i] = wp.int64(
-        count_row(query[i], tree.points, tree.order, tree.lo, tree.hi, c, reach, radius, skip_self, i, listed)
-    )
+    counts[i] = wp.int64(count_row(query[i], tree, c, reach, radius, skip_self, i, listed))
 
 
 @kernel
@@ -121,8 +116,8 @@ _LISTED_ROW_SNIPPET = r"""
 typedef REAL Real;
 typedef wp::vec_t<NDIM, Real> Vec;
 const Real inf = (Real)INFINITY;
-const Vec* __restrict__ P = (const Vec*)points.data;  // the tree's arrays are packed
-const wp::int32* __restrict__ O = (const wp::int32*)order.data;
+const Vec* __restrict__ P = (const Vec*)tree.points.data;  // the tree's arrays are packed
+const wp::int32* __restrict__ O = (const wp::int32*)tree.order.data;
 const char* const row = (const char*)listed.data + (size_t)i * (size_t)listed.strides[0];
 const size_t ls = (size_t)listed.strides[1];
 auto place = [&](int c) -> int { return *(const wp::int32*)(row + (size_t)c * ls); };
@@ -169,8 +164,7 @@ return false;
 )
 def listed_row(
     q: V,
-    points: wp.array(dtype=V),
-    order: wp.array(dtype=wp.int32),
+    tree: Tree,
     listed: wp.array2d(dtype=wp.int32),
     i: int,
     kept: int,
@@ -233,10 +227,7 @@ return held;
 @template.func_native(_walking(_WALK_ROW_SNIPPET))
 def walk_row(
     q: V,
-    points: wp.array(dtype=V),
-    order: wp.array(dtype=wp.int32),
-    lo: wp.array(dtype=V),
-    hi: wp.array(dtype=V),
+    tree: Tree,
     cloud: wp.vec4i,
     reach: T,
     radius: T,
@@ -270,7 +261,7 @@ def radius_fill(
     # Query i's row [ptr[i], ptr[i + 1]): its closest neighbours j, ascending (distance, j),
     # as edges (j, i): edges[0] the neighbours, edges[1] the query (PyG's source and target).
     i = query_at(wp.tid() * stride + offset, queries)
-    q, order = query[i], tree.order
+    q = query[i]
     s, room = int(ptr[i]), int(ptr[i + 1] - ptr[i])
     reach = sq_bound(radius)
     index = edges[0]
@@ -282,18 +273,13 @@ def radius_fill(
         kept = listed.shape[1] - 3
     is_sorted = False
     c = cloud_of(tree, i)
-    points, lo, hi = tree.points, tree.lo, tree.hi
     if room < cap and (room <= listed.shape[1] or go_on[0] > 0):
-        is_sorted = listed_row(q, points, order, listed, i, kept, go_on[0] == 0, s, distance, index)
+        is_sorted = listed_row(q, tree, listed, i, kept, go_on[0] == 0, s, distance, index)
         if go_on[0] > 0:
-            walk_row(
-                q, points, order, lo, hi, c, reach, radius, skip_self, i, True, s, room, kept, go_on, distance, index
-            )
+            walk_row(q, tree, c, reach, radius, skip_self, i, True, s, room, kept, go_on, distance, index)
     elif room > 0:
         start = wp.vec3i(0, 0, 0)
-        size = walk_row(
-            q, points, order, lo, hi, c, reach, radius, skip_self, i, room < cap, s, room, 0, start, distance, index
-        )
+        size = walk_row(q, tree, c, reach, radius, skip_self, i, room < cap, s, room, 0, start, distance, index)
     if not is_sorted:
         sort_row(distance, index, s, size)
     for e in range(s, s + room):
