@@ -221,11 +221,11 @@ auto norm_of = [&](const Vec& v) -> Real {  // as norm
 };
 """
 
-# The radius searches' walk of ball_first/ball_next, step for step, for native code
-# over the points of cloud `cloud` of `tree` (Real, Vec, inf, square and norm_of as NORM_OF
-# defines them): walk(leaf, t, e, visit) calls visit(t, leaf, e) for each place t within `radius` of q
-# (j == i left out with skip_self), where `leaf` is the leaf holding t, its places ending at
-# e; from the root with leaf 0, else from place t of `leaf` on (a walk that stopped there).
+# The radius searches' walk of ball_first/ball_next, step for step, for native code over the
+# points of cloud `cloud` of `tree` (Real, Vec, inf, square and norm_of as NORM_OF defines
+# them): walk(leaf, t, e, visit) calls visit(t, leaf, e) for each place t within `radius` of
+# q (j == i left out with skip_self), where `leaf` is the leaf holding t, its places ending
+# at e; from the root with leaf 0, else from place t of `leaf` on (a walk that stopped there).
 BALL_WALK = r"""
 const int first = cloud[0], n = cloud[1], depth = cloud[3], leaves = 1 << depth;
 const Vec* __restrict__ P = (const Vec*)tree.points.data;  // the tree's arrays are packed
