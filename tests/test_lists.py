@@ -367,3 +367,27 @@ def test_rows_longer_than_the_count_keeps_are_walked_on_from_where_it_stopped(wi
     assert both == first + [[j + half for j in row] for row in second]
     capped = wb.ops.radius(q, r, radius, max_neighbors=50)
     assert rows_of(capped) == dense_lists(q, r, radius, cap=50)[0]
+
+
+@pytest.mark.parametrize("scale", [1e-18, 1e18, 1e20])
+def test_float32_lists_at_extreme_scales_match_a_float64_reference(scale):
+    """Coordinates whose squared differences underflow (1e-18) or overflow (1e20) float32, and
+    a radius whose square does (1e20): the walk compares scaled norms there. Rows, capped rows
+    and distances match the float64 reference on the same float32 values, but for pairs
+    within float32 rounding of the radius."""
+    g = torch.Generator().manual_seed(11)
+    r = (torch.rand(400, 3, generator=g, dtype=torch.float64) * scale).float()
+    q = (torch.rand(60, 3, generator=g, dtype=torch.float64) * scale).float()
+    radius = 0.25 * scale
+    nb = wb.ops.radius(q, r, radius)
+    want, d = dense_lists(q, r, radius)
+    got = rows_of(nb)
+    assert sum(map(len, want)) > 300
+    for i, (row, expected) in enumerate(zip(got, want)):
+        if row != expected:
+            differ = set(row) ^ set(expected)
+            assert differ and near_cutoff(d[i, sorted(differ)], radius), (i, row, expected)
+    for i, row in enumerate(got):
+        torch.testing.assert_close(nb.distance[nb.ptr[i] : nb.ptr[i + 1]].double(), d[i, row], rtol=1e-6, atol=0)
+    capped = wb.ops.radius(q, r, radius, max_neighbors=3)
+    assert all(row[:3] == expected[:3] for row, expected in zip(rows_of(capped), got))
