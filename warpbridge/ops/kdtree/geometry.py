@@ -153,9 +153,12 @@ def query_at(t: int, queries: wp.array(dtype=wp.int32)) -> int:
     return i
 
 
-# `square` and `norm_of` (as norm) for native code that has typedefs Real and Vec and
-# a constant `inf`.
+# The start of a native snippet that measures distances: the typedefs Real (REAL) and Vec (a
+# point), the constant `inf`, and `square` and `norm_of` (as norm).
 NORM_OF = r"""
+typedef REAL Real;
+typedef wp::vec_t<NDIM, Real> Vec;
+const Real inf = (Real)INFINITY;
 // Over NDIM coordinates, in the order of the 3-D expressions (x * x + y * y) + z * z:
 auto square = [&](const Vec& v) -> Real {
     Real s = v[0] * v[0];
@@ -239,9 +242,6 @@ auto walk = [&](int leaf, int t, int e, auto&& visit) {
 # ball_first. Native code: in Warp, the radius backward's query pass took 364 against
 # 270 ms on a LiDAR sweep of 10^5 points (about 240 neighbours a query, F = 16).
 _BALL_NEXT_SNIPPET = r"""
-typedef REAL Real;
-typedef wp::vec_t<NDIM, Real> Vec;
-const Real inf = (Real)INFINITY;
 NORM_OF
 LEAF_STEPS
 int leaf = at[0], t = at[1], e = at[2];

@@ -82,9 +82,7 @@ def aggregate_row(
 # 1.86 -> 1.51 ms. A C++ copy compiled on its own with Clang took 24.7 ms. (Before, the
 # leaf scan alone became native: 1.86 -> 1.69 ms for 2 000 queries on 10^4 points.)
 _KNN_SNIPPET = r"""
-typedef REAL Real;
-typedef wp::vec_t<NDIM, Real> Vec;
-const Real inf = (Real)INFINITY;
+NORM_OF
 char* const dr = (char*)dist.data + (size_t)i * (size_t)dist.strides[0];
 char* const ir = (char*)idx.data + (size_t)i * (size_t)idx.strides[0];
 const size_t ds = (size_t)dist.strides[1], is = (size_t)idx.strides[1];
@@ -101,7 +99,6 @@ const Vec* __restrict__ HI = (const Vec*)hi.data + cloud[2];
 const wp::int32* __restrict__ MI = (const wp::int32*)min_index.data + cloud[2];
 const int depth = cloud[3];
 const int leaves = 1 << depth;
-NORM_OF
 auto gap = [&](int node) -> Vec {
     const Vec l = LO[node], h = HI[node];
     Vec g;

@@ -26,9 +26,6 @@ from .template import kernel
 # queries, 10^4 duplicated points; 0.53 ms native) and 32.7 ms on a LiDAR sweep of 10^5 points
 # (12.0 ms native).
 _COUNT_SNIPPET = r"""
-typedef REAL Real;
-typedef wp::vec_t<NDIM, Real> Vec;
-const Real inf = (Real)INFINITY;
 NORM_OF
 BALL_WALK
 char* const row = (char*)listed.data + (size_t)i * (size_t)listed.strides[0];
@@ -113,9 +110,7 @@ def list_offsets(counts: wp.array(dtype=wp.int64), cap: int, stride: int, offset
 # sort_row after, radius_fill took 0.79 ms of a 3.0 ms radius call (2 000 queries, 10^4
 # duplicated points, 72 000 pairs).
 _LISTED_ROW_SNIPPET = r"""
-typedef REAL Real;
-typedef wp::vec_t<NDIM, Real> Vec;
-const Real inf = (Real)INFINITY;
+NORM_OF
 const Vec* __restrict__ P = (const Vec*)tree.points.data;  // the tree's arrays are packed
 const wp::int32* __restrict__ O = (const wp::int32*)tree.order.data;
 const char* const row = (const char*)listed.data + (size_t)i * (size_t)listed.strides[0];
@@ -126,7 +121,6 @@ char* const ip = (char*)idx.data;
 const size_t ds = (size_t)dist.strides[0], is = (size_t)idx.strides[0];
 auto D = [&](int t) -> Real& { return *(Real*)(dp + (size_t)t * ds); };
 auto J = [&](int t) -> wp::int64& { return *(wp::int64*)(ip + (size_t)t * is); };
-NORM_OF
 #if !defined(__CUDA_ARCH__)
 if (sort && sizeof(Real) == 4 && kept <= PACKED_ROW) {
     wp::uint64 keys[PACKED_ROW];
@@ -180,9 +174,6 @@ def listed_row(
 # in turn where they all fit, else a max-heap by (distance, index) of the `room` closest so
 # far. Returns how many entries the row holds. Native code, as count_row.
 _WALK_ROW_SNIPPET = r"""
-typedef REAL Real;
-typedef wp::vec_t<NDIM, Real> Vec;
-const Real inf = (Real)INFINITY;
 NORM_OF
 BALL_WALK
 char* const dp = (char*)dist.data;
