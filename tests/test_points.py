@@ -880,3 +880,49 @@ def test_the_tutorials_warp_adjoint_is_zero_and_ours_is_exact():
     (dense,) = torch.autograd.grad(ref_ops.radius_aggregate(q, r, fr, 0.5, 0.1), fr, g)
     assert torch.equal(tutorial_grad, torch.zeros_like(f)) and dense.abs().max() > 0.1
     torch.testing.assert_close(ours, dense)
+
+
+def test_the_neighbour_ops_write_no_input_and_copy_none_on_a_new_shape(monkeypatch):
+    """Every neighbour op, on one cloud and on a ragged batch, forward and backward, leaves
+    its inputs (points, features, batch vectors, incoming gradients) byte for byte as they
+    were. Trusted to, they run on the inputs themselves at every new shape (clouds change
+    size every step), while a user's launch function still runs first on copies."""
+    from warpbridge._core import launch_function
+
+    copied = []
+    real = launch_function._copies_of_inputs
+    monkeypatch.setattr(
+        launch_function, "_copies_of_inputs", lambda plan, args: copied.append(plan) or real(plan, args)
+    )
+    q, r, f = clouds(57, 83, 4, seed=31)  # shapes no other test uses: every plan is new
+    qb = torch.sort(torch.randint(0, 3, (57,), generator=torch.Generator().manual_seed(1)))[0]
+    rb = torch.sort(torch.randint(0, 3, (83,), generator=torch.Generator().manual_seed(2)))[0]
+    ins = [t.clone().requires_grad_() for t in (q, r, f)]
+    frozen = [t.detach().clone() for t in (*ins, qb, rb)]
+    batch = {"query_batch": qb, "ref_batch": rb}
+    outs = [
+        wb.ops.radius_aggregate(*ins, 0.6, 0.2),
+        wb.ops.radius_aggregate(*ins, 0.6, 0.2, **batch),
+        wb.ops.knn_aggregate(*ins, 4, 0.2),
+        wb.ops.knn_aggregate(*ins, 4, 0.2, **batch),
+        wb.ops.knn(ins[0], ins[1], 3)[0],
+        wb.ops.knn(ins[0], ins[1], 3, **batch)[0],
+        wb.ops.radius(ins[0], ins[1], 0.6).distance,
+        wb.ops.radius(ins[0], ins[1], 0.6, max_neighbors=2, **batch).distance,
+    ]
+    wb.ops.radius_graph(ins[1], 0.6, batch=rb)
+    wb.ops.knn_graph(ins[1], 2, batch=rb)
+    grads = [torch.randn_like(o) for o in outs]
+    kept = [g.clone() for g in grads]
+    torch.autograd.backward(outs, grads)
+    for t, b in zip((*ins, qb, rb), frozen):
+        assert torch.equal(t.detach(), b)
+    assert all(torch.equal(g, k) for g, k in zip(grads, kept))
+    assert copied == []
+
+    @wb.op
+    def passed_on(x: wp.array(dtype=float), y: wp.array(dtype=float)):
+        wp.copy(y, x)
+
+    passed_on(torch.ones(5))
+    assert len(copied) == 1

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._core import op as _op
 from .._core.errors import describe, fail
+from .._core.launch_function import reads_only_inputs
 from .._core.op import op as _declare
 from . import _declared, _declared_lists
 
@@ -100,8 +101,10 @@ def declare_both(tag: str, specs: dict) -> types.SimpleNamespace:
 
 
 def _named(fn: Any, qualname: str) -> Any:
+    """``fn`` as ``qualname``, marked as reading only its inputs (``reads_only_inputs``: every
+    launch function here does, which the tests check for every op, forward and backward)."""
     fn.__qualname__ = qualname
-    return fn
+    return reads_only_inputs(fn)
 
 
 # Declared at import (~45 ms for both), not on first use: a first call may come inside
