@@ -17,7 +17,7 @@ from .dtypes import Grads, T, Tree, V
 from .geometry import BALL_WALK, NORM_OF, RESUMED, cloud_of, query_at, resumed, sq_bound
 from .knn import QUERY, REF
 from .rows import pull_on_distance
-from .sort import PACKED_ROW, SORT_KEYS, sort_row
+from .sort import sort_row
 from .template import kernel
 
 # count_row: query i's neighbours within the radius in cloud c (j == i left out with
@@ -104,69 +104,35 @@ def list_offsets(counts: wp.array(dtype=wp.int64), cap: int, stride: int, offset
 
 
 # listed_row: the neighbours at the `kept` places that row i of `listed` holds, as entries
-# (distance, original index) of the row at s; sorted too (returns True) where `sort` asks and
-# the row fits packed keys (float32 on the CPU), else left for sort_row. Native code: the
-# distances go straight into the keys, and the row is written once, sorted. In Warp, with
-# sort_row after, radius_fill took 0.79 ms of a 3.0 ms radius call (2 000 queries, 10^4
-# duplicated points, 72 000 pairs).
+# (distance, original index) of the row at s, in native code as count_row.
 _LISTED_ROW_SNIPPET = r"""
 NORM_OF
 const Vec* __restrict__ P = (const Vec*)tree.points.data;  // the tree's arrays are packed
 const wp::int32* __restrict__ O = (const wp::int32*)tree.order.data;
 const char* const row = (const char*)listed.data + (size_t)i * (size_t)listed.strides[0];
 const size_t ls = (size_t)listed.strides[1];
-auto place = [&](int c) -> int { return *(const wp::int32*)(row + (size_t)c * ls); };
 char* const dp = (char*)dist.data;
 char* const ip = (char*)idx.data;
 const size_t ds = (size_t)dist.strides[0], is = (size_t)idx.strides[0];
-auto D = [&](int t) -> Real& { return *(Real*)(dp + (size_t)t * ds); };
-auto J = [&](int t) -> wp::int64& { return *(wp::int64*)(ip + (size_t)t * is); };
-#if !defined(__CUDA_ARCH__)
-if (sort && sizeof(Real) == 4 && kept <= PACKED_ROW) {
-    wp::uint64 keys[PACKED_ROW];
-    for (int t = 0; t < kept; ++t) {
-        const int p = place(t);
-        const Real d = norm_of(q - P[p]);
-        wp::uint32 bits;
-        memcpy(&bits, &d, 4);
-        keys[t] = ((wp::uint64)bits << 32) | (wp::uint64)(wp::uint32)O[p];
-    }
-    const int size = kept;
-    int los[64], his[64];
-    SORT_KEYS
-    for (int t = 0; t < kept; ++t) {
-        const wp::uint32 bits = (wp::uint32)(keys[t] >> 32);
-        memcpy(&D(s + t), &bits, 4);
-        J(s + t) = (wp::int64)(keys[t] & 0xffffffffu);
-    }
-    return true;
-}
-#endif
 for (int t = 0; t < kept; ++t) {
-    const int p = place(t);
-    D(s + t) = norm_of(q - P[p]);
-    J(s + t) = (wp::int64)O[p];
+    const int p = *(const wp::int32*)(row + (size_t)t * ls);
+    *(Real*)(dp + (size_t)(s + t) * ds) = norm_of(q - P[p]);
+    *(wp::int64*)(ip + (size_t)(s + t) * is) = (wp::int64)O[p];
 }
-return false;
 """
 
 
-@template.func_native(
-    _LISTED_ROW_SNIPPET.replace("NORM_OF", NORM_OF)
-    .replace("SORT_KEYS", SORT_KEYS)
-    .replace("PACKED_ROW", str(PACKED_ROW))
-)
+@template.func_native(_LISTED_ROW_SNIPPET.replace("NORM_OF", NORM_OF))
 def listed_row(
     q: V,
     tree: Tree,
     listed: wp.array2d(dtype=wp.int32),
     i: int,
     kept: int,
-    sort: bool,
     s: int,
     dist: wp.array(dtype=T),
     idx: wp.array(dtype=wp.int64),
-) -> bool: ...
+): ...
 
 
 # walk_row: query i's row at s, holding `size` entries, from the walk standing at place
@@ -262,17 +228,15 @@ def radius_fill(
     if room < cap and room > listed.shape[1]:  # radius_count kept the first places, and where it went on
         go_on = resumed(listed, i)
         kept = listed.shape[1] - 3
-    is_sorted = False
     c = cloud_of(tree, i)
     if room < cap and (room <= listed.shape[1] or go_on[0] > 0):
-        is_sorted = listed_row(q, tree, listed, i, kept, go_on[0] == 0, s, distance, index)
+        listed_row(q, tree, listed, i, kept, s, distance, index)
         if go_on[0] > 0:
             walk_row(q, tree, c, reach, radius, skip_self, i, True, s, room, kept, go_on, distance, index)
     elif room > 0:
         start = wp.vec3i(0, 0, 0)
         size = walk_row(q, tree, c, reach, radius, skip_self, i, room < cap, s, room, 0, start, distance, index)
-    if not is_sorted:
-        sort_row(distance, index, s, size)
+    sort_row(distance, index, s, size)
     for e in range(s, s + room):
         edges[1, e] = wp.int64(i)
 
