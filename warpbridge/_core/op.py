@@ -10,13 +10,19 @@ import inspect
 import os
 import pickle
 import re
+import sys
 import threading
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any, TypedDict, Unpack, overload
+from typing import Any, TypedDict, overload
 
 import warp as wp
+
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # a dependency on Python 3.10 only
+    from typing_extensions import Unpack
 
 from .._backends import registry as _frameworks
 from . import adjoint_check as _adjoint
