@@ -101,11 +101,12 @@ def test_function_scratch_goes_through_torch_and_back_to_its_cache():
 
 
 @pytest.mark.gpu
-def test_torch_pool_inside_cuda_graph_capture():
-    op = function_op("pool_exp_times_graph")
+@pytest.mark.parametrize("pool", ["warp", "torch"])
+def test_launch_function_inside_cuda_graph_capture(pool):
+    op = function_op(f"pool_exp_times_graph_{pool}")
     x = torch.rand(1000, dtype=f64, device="cuda")
     k = torch.rand(1000, dtype=f64, device="cuda")
-    with wb.set_memory_pool("torch"):
+    with wb.set_memory_pool(pool):
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
@@ -118,6 +119,26 @@ def test_torch_pool_inside_cuda_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, torch.exp(x) * k)
+
+
+@pytest.mark.gpu
+def test_forward_and_backward_as_graphed_callable():
+    """A training step's op captured by ``torch.cuda.make_graphed_callables``: the replayed
+    forward and backward on new data equal the eager op's."""
+    op = function_op("pool_exp_times_graphed")
+    x, k = (torch.rand(1000, dtype=f64, device="cuda", requires_grad=True) for _ in range(2))
+    graphed = torch.cuda.make_graphed_callables(op, (x, k))
+    with torch.no_grad():
+        x.copy_(torch.rand_like(x))
+        k.copy_(torch.rand_like(k))
+    out = graphed(x, k)
+    (out * out).sum().backward()
+    got = out.detach(), x.grad.clone(), k.grad.clone()
+    x.grad, k.grad = None, None
+    want = op(x, k)
+    (want * want).sum().backward()
+    for a, b in zip(got, (want.detach(), x.grad, k.grad)):
+        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.gpu

@@ -37,7 +37,9 @@ def get_memory_pool() -> str:
 class set_memory_pool:  # noqa: N801 - used like a function, as torch.set_grad_enabled is
     """Choose where Warp allocates inside warpbridge ops on CUDA: ``"warp"`` (its own pool,
     the default) or ``"torch"`` (PyTorch's caching allocator, on the op's stream: visible in
-    ``torch.cuda.memory_stats``, reused across calls, safe under ``torch.cuda.graph``).
+    ``torch.cuda.memory_stats``, reused across calls). While ``torch.cuda.graph`` captures,
+    PyTorch's allocator serves them whatever the choice: Warp's pool cannot free memory
+    inside a capture it did not start.
 
     Takes effect at once; used as a context manager, it restores the previous choice on
     exit. ``WARPBRIDGE_MEMORY_POOL`` sets the initial choice. Harmless on the CPU.

@@ -30,7 +30,7 @@ from .function_checks import (
 )
 from .plan import KernelPlan, Plan, host_bytes
 from .signature import Param, Signature
-from .warp_runtime import LOAD_LOCK, KeepingTape, is_nested_tape_error, refresh_struct_fields, tape_contents
+from .warp_runtime import LOAD_LOCK, KeepingTape, is_nested_tape_error, on_stream, refresh_struct_fields, tape_contents
 
 _READS_ONLY_INPUTS = "__warpbridge_reads_only_inputs__"
 
@@ -52,7 +52,7 @@ def _wrap(p: Param, device: Any, ptr: int, shape: Sequence[int], strides: Sequen
 
 def _scoped(device: Any, stream: Any):
     if stream is not None:
-        return wp.ScopedStream(stream)
+        return on_stream(stream)
     return wp.ScopedDevice(device)
 
 

@@ -86,6 +86,19 @@ def ensure_init() -> None:
 _TAPE_PER_THREAD: list = []
 
 
+def on_stream(stream: Any) -> Any:
+    """A scope in which Warp's launches, allocations and copies go on ``stream`` (a ``wp.Stream``;
+    None: the device's current one, unchanged).
+
+    ``stream`` first waits for the work already queued on Warp's current stream, except while
+    it captures a CUDA graph: a wait on work outside the capture invalidates it (CUDA error
+    905), and inside a capture the graph itself orders the launches.
+    """
+    if stream is None:
+        return contextlib.nullcontext()
+    return wp.ScopedStream(stream, sync_enter=not stream.is_capturing)
+
+
 def _thread_local_tape(runtime: Any) -> None:
     """Make Warp's active tape a per-thread setting.
 

@@ -4,7 +4,6 @@ in which a search takes its queries. The kernels are ``kdtree``'s; the launches 
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from typing import Any, NamedTuple
 
@@ -260,7 +259,7 @@ def query_order(
     m = points.shape[0]
     _, sorted_points, lo, hi, _ = tree
     if m and _same(points, tree_of):
-        with _on(stream):
+        with warp_runtime.on_stream(stream):
             cpu_launch.copy(order, tree[0])
         return
     if m < QUERY_ORDER_MIN or sorted_points.shape[0] == 0:
@@ -273,14 +272,9 @@ def query_order(
     cpu_launch.launch_queries(
         k.query_keys, m, cpu_launch.threads(device, m // 16), [points, box], [keys, places], device, stream
     )
-    with _on(stream):
+    with warp_runtime.on_stream(stream):
         wp.utils.radix_sort_pairs(keys, places, m, 0, 3 * kdtree.MORTON_BITS)
         wp.copy(order, places, count=m)
-
-
-def _on(stream: Any) -> Any:
-    """Warp's launches, sorts and copies inside go on ``stream`` (None: the device's current one)."""
-    return wp.ScopedStream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def _split_by_sort(k: Any, pts: wp.array, order: wp.array, levels: int, device: Any, stream: Any) -> None:
@@ -296,7 +290,7 @@ def _split_by_sort(k: Any, pts: wp.array, order: wp.array, levels: int, device: 
     axes = wp.empty(1 << (levels - 1), dtype=wp.int32, device=device)
     items = cpu_launch.nothing((0,), k.Item, device)  # split_axis reads the points in place
     pts_out, order_out = wp.empty_like(pts), wp.empty_like(order)
-    with _on(stream):
+    with warp_runtime.on_stream(stream):
         for level in range(levels):
             parts = 1 << level
             wp.launch(k.tree_axes, dim=parts, inputs=[pts, items, parts, axes], device=device)

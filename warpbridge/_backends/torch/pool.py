@@ -61,7 +61,12 @@ def allocator(device: torch.device) -> TorchAllocator:
 
 
 def scope(device: torch.device, warp_device: Any) -> Any:
-    """Where Warp allocates during one call of a launch function (see ``warpbridge._pool``)."""
-    if device.type != "cuda" or _pool.get_memory_pool() != "torch":
+    """Where Warp allocates during one call of an op on ``device`` (see ``memory_pool``):
+    PyTorch's caching allocator when the pool is ``"torch"`` or while the current stream
+    captures a CUDA graph (Warp's own pool frees memory outside the graph, which invalidates
+    a capture Warp did not start), else Warp's own pool."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    if _pool.get_memory_pool() != "torch" and not torch.cuda.is_current_stream_capturing():
         return contextlib.nullcontext()
     return wp.ScopedAllocator(warp_device, allocator(device))
