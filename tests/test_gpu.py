@@ -1,7 +1,11 @@
-"""CUDA: launches go on PyTorch's current stream and are capturable in a CUDA graph.
-Marked `gpu`: skipped with a reason on machines without one."""
+"""CUDA: launches go on PyTorch's current stream and are capturable in a CUDA graph; JAX
+arrays on the GPU go through the same ops. Marked `gpu`: skipped with a reason on machines
+without one."""
+
+import os
 
 import kernels as K
+import numpy as np
 import pytest
 import torch
 
@@ -54,3 +58,27 @@ def test_tensors_on_two_devices_are_refused_naming_both():
     x, y = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64, device="cuda")
     with pytest.raises(wb.WarpBridgeError, match=r"all arrays must be on one device: argument 'y' is on cuda:0"):
         op(x, y)
+
+
+@pytest.mark.parametrize("kind", ["kernel", "launch function"])
+def test_jax_arrays_on_the_gpu_forward_and_jitted_gradient(kind):
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave the GPU to torch too
+    import jax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_enable_x64", True)
+    gpu = jax.devices("gpu")[0]
+    x, k = (jax.device_put(jnp.asarray(np.random.default_rng(s).standard_normal(4096)), gpu) for s in (0, 1))
+    if kind == "kernel":
+        op, f, dfx, dfk = wb.op(K.mul64), np.sin, np.cos, np.sin
+    else:
+        op, f, dfx, dfk = wb.op(K.exp_times), np.exp, np.exp, np.exp
+    out = op(x, k)
+    assert out.devices() == {gpu}
+    xn, kn = np.asarray(x), np.asarray(k)
+    y = f(xn) * kn
+    np.testing.assert_allclose(np.asarray(out), y, rtol=1e-12)
+    gx, gk = jax.jit(jax.grad(lambda a, b: jnp.sum(op(a, b) ** 2), argnums=(0, 1)))(x, k)
+    assert gx.devices() == {gpu}
+    np.testing.assert_allclose(np.asarray(gx), 2 * y * dfx(xn) * kn, rtol=1e-10)
+    np.testing.assert_allclose(np.asarray(gk), 2 * y * dfk(xn), rtol=1e-10)

@@ -139,3 +139,32 @@ def test_a_self_join_on_the_device():
         for own, copy in zip(op(p, p), op(p.clone(), p)):
             assert torch.equal(own, copy)
     assert torch.equal(wb.ops.knn(p, p, 1)[1][:, 0].cpu(), torch.arange(len(r)))
+
+
+def test_lists_graphs_and_batches_match_the_cpu():
+    """Radius lists (all, capped, without self-pairs), radius and kNN graphs over a batch of
+    three clouds, and the lists' distance gradients: the same on CUDA as on the CPU (float64,
+    bit for bit for the indices)."""
+    _, r, _ = clouds(1, 6000, 1, torch.float64, seed=6)
+    q = r[::3].contiguous()
+    batch = torch.repeat_interleave(torch.arange(3), torch.tensor([2500, 2000, 1500]))
+    calls = (
+        lambda a, b, bb: wb.ops.radius(a, b, 0.2),
+        lambda a, b, bb: wb.ops.radius(a, b, 0.2, max_neighbors=5),
+        lambda a, b, bb: wb.ops.radius(b, b, 0.2, loop=False),
+        lambda a, b, bb: (wb.ops.radius_graph(b, 0.2, batch=bb),),
+        lambda a, b, bb: (wb.ops.knn_graph(b, 6, batch=bb),),
+    )
+    for call in calls:
+        cpu, gpu = call(q, r, batch), call(q.cuda(), r.cuda(), batch.cuda())
+        for a, b in zip(cpu, gpu):
+            assert b.is_cuda and b.dtype == a.dtype and b.shape == a.shape
+            assert torch.equal(b.cpu(), a) if a.dtype == torch.int64 else torch.allclose(b.cpu(), a, rtol=0, atol=1e-14)
+    grads = []
+    for device in ("cpu", "cuda"):
+        a, b = (t.to(device).requires_grad_() for t in (q, r))
+        nb = wb.ops.radius(a, b, 0.2)
+        w = torch.linspace(0, 1, len(nb.distance), dtype=torch.float64, device=device)
+        grads.append([g.cpu() for g in torch.autograd.grad((nb.distance * w).sum(), (a, b))])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a)
