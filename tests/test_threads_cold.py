@@ -59,15 +59,16 @@ def test_first_calls_from_many_threads_at_once_in_fresh_processes():
 
 
 def test_a_tape_records_only_the_launches_of_its_own_thread():
-    """Warp keeps one active tape per process; warpbridge makes it per thread, so a launch
-    function's backward tape neither records another thread's launches nor collides with a
-    tape opened in another thread at the same time."""
+    """Warp keeps one active tape per process; while one of warpbridge's own tapes records (a
+    launch function's forward), it is per thread: it neither records another thread's
+    launches nor collides with a tape opened in another thread at the same time."""
     import threading
 
     import adjoint_kernels as A
     import warp as wp
 
     import warpbridge as wb
+    from warpbridge._core.warp_runtime import OwnTape
 
     wb.op(A.pow_unrolled)  # warpbridge initialises Warp
     x = wp.array([1.0, 2.0], dtype=wp.float64)
@@ -77,14 +78,14 @@ def test_a_tape_records_only_the_launches_of_its_own_thread():
     def other_thread():
         try:
             wp.launch(A.pow_unrolled, dim=2, inputs=[x], outputs=[y])  # not recorded by the main thread's tape
-            with wp.Tape() as own:  # a second tape at the same time
+            with wp.Tape() as users:  # a user's tape at the same time
                 wp.launch(A.pow_unrolled, dim=2, inputs=[x], outputs=[y])
-            assert len(own.launches) == 1
+            assert len(users.launches) == 1
         except Exception as e:  # re-raised in the main thread
             errors.append(e)
         inside.set()
 
-    with wp.Tape() as tape:
+    with OwnTape() as tape:
         t = threading.Thread(target=other_thread)
         t.start()
         assert inside.wait(60)

@@ -13,7 +13,7 @@ from typing import Any
 import warp as wp
 
 from .plan import host_bytes
-from .warp_runtime import tape_contents
+from .warp_runtime import OwnTape, tape_contents
 
 
 @wp.kernel(enable_backward=False)
@@ -71,7 +71,7 @@ def _changed(
     times, is left out)."""
     outputs = [wp.zeros_like(y, requires_grad=False) for y in args[n_inputs:]]
     args = [perturbed(a) if k in moved else a for k, a in enumerate(args[:n_inputs])] + outputs
-    probe = wp.Tape()
+    probe = OwnTape()
     with probe:
         func(*args)
     launches = tape_contents(probe).launches

@@ -4,7 +4,7 @@ warpbridge relies on these Warp internals (checked by :func:`check_internals`, w
 ``tests/test_warp_runtime.py`` runs, so a Warp upgrade that changes one fails loudly):
 
 - ``warp._src.context.runtime``: whether Warp is initialised, and its per-process active tape
-  (made per thread here, see :func:`_thread_local_tape`);
+  (per thread while one of warpbridge's own tapes records, see :class:`OwnTape`);
 - ``wp.launch(..., record_cmd=True)``: a recorded launch's ``params``, ``hooks`` and
   ``module_exec``, and ``warp._src.types.array_t``, the ctypes array descriptor, to call a
   compiled CPU kernel directly (:func:`record`, :data:`ARRAY_DESCRIPTOR`);
@@ -18,9 +18,9 @@ warpbridge relies on these Warp internals (checked by :func:`check_internals`, w
 - ``warp._src.context.Function``, ``warp._src.codegen.Struct`` / ``StructInstance`` and ``warp._src.types.int_types``
   (:func:`is_user_function`, :func:`is_struct`, :data:`INT_TYPES`).
 
-Supported: warp-lang ``SUPPORTED_WARP``. The one process-wide change is the per-thread tape
-(:func:`_thread_local_tape`): Warp has no per-thread tape setting, and without one, launches
-from other threads were recorded into a launch function's tape.
+Supported: warp-lang ``SUPPORTED_WARP``. Nothing here changes what a user's own ``wp.Tape``,
+launch or thread sees: the one hook on Warp's runtime (:class:`OwnTape`) is installed only while
+one of warpbridge's own tapes records, and only that tape is per thread.
 """
 
 from __future__ import annotations
@@ -66,9 +66,8 @@ LOAD_LOCK = threading.RLock()
 
 
 def ensure_init() -> None:
-    """Initialise Warp once (wp.from_paddle and friends fail before wp.init()), with a
-    ``wp.Tape`` per thread (see :func:`_thread_local_tape`)."""
-    if not wp._src.context.runtime or not _TAPE_PER_THREAD:
+    """Initialise Warp once (wp.from_paddle and friends fail before wp.init())."""
+    if not wp._src.context.runtime:
         with _INIT_LOCK:
             if not wp._src.context.runtime:
                 # warpbridge's own init skips Warp's greeting; warnings still show.
@@ -78,12 +77,6 @@ def ensure_init() -> None:
                     wp.init()
                 finally:
                     wp.config.log_level = level
-            if not _TAPE_PER_THREAD:
-                _thread_local_tape(wp._src.context.runtime)
-                _TAPE_PER_THREAD.append(True)
-
-
-_TAPE_PER_THREAD: list = []
 
 
 def on_stream(stream: Any) -> Any:
@@ -99,32 +92,71 @@ def on_stream(stream: Any) -> Any:
     return wp.ScopedStream(stream, sync_enter=not stream.is_capturing)
 
 
-def _thread_local_tape(runtime: Any) -> None:
-    """Make Warp's active tape a per-thread setting.
+class OwnTape(wp.Tape):
+    """A ``wp.Tape`` of warpbridge's own (a launch function's forward, a probe run).
 
-    Warp keeps one active ``wp.Tape`` per process (``runtime.tape``): while a launch
-    function's backward records its tape in one thread, every ``wp.launch`` from other
-    threads (another op's forward, a data loader) was recorded into it and replayed by its
-    backward, and a second thread opening a tape got "entering a tape while one is already
-    active". Measured: 1 fresh process in 2 failed ``tests/test_threads_cold.py``. A tape now
-    records the launches of the thread that opened it, which is what it does in a
-    single-threaded program.
+    Warp keeps one active tape per process (``runtime.tape``). Were warpbridge's tapes that
+    one, every ``wp.launch`` from another thread (another op's forward, a data loader) would
+    be recorded into a launch function's tape and replayed by its backward, and a second
+    thread's tape would be refused as nested (1 fresh process in 2 failed
+    ``tests/test_threads_cold.py``). So while an ``OwnTape`` records, Warp's runtime reads its
+    active tape through a property that gives each thread with an ``OwnTape`` that tape, and
+    every other thread the process-wide one, as plain Warp does. The property is installed
+    when the first ``OwnTape`` starts recording and removed when the last one stops: a user's
+    own tapes, launches and threads see Warp unchanged.
     """
-    cls = type(runtime)
-    if getattr(cls, "_tape_per_thread", False):
-        return
-    local = threading.local()
-    current = runtime.__dict__.pop("tape", None)
 
-    def get_tape(self: Any) -> Any:
-        return getattr(local, "tape", None)
+    def __enter__(self) -> OwnTape:
+        ensure_init()
+        _hook_tapes(+1)
+        try:
+            return super().__enter__()
+        except BaseException:
+            _hook_tapes(-1)
+            raise
 
-    def set_tape(self: Any, tape: Any) -> None:
-        local.tape = tape
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            _hook_tapes(-1)
 
-    runtime.__class__ = type(cls.__name__, (cls,), {"_tape_per_thread": True, "tape": property(get_tape, set_tape)})
-    if current is not None:
-        local.tape = current
+
+_OWN = threading.local()  # .tape: this thread's recording OwnTape
+_HOOK = {"users": 0, "classes": {}}  # OwnTapes recording; runtime class -> its hooked subclass
+_HOOK_LOCK = threading.Lock()
+
+
+def _active_tape(runtime: Any) -> Any:
+    own = getattr(_OWN, "tape", None)
+    return own if own is not None else runtime.__dict__.get("tape")
+
+
+def _set_active_tape(runtime: Any, tape: Any) -> None:
+    # the process-wide tape stays in the instance's dict, so removing the hook loses nothing
+    if isinstance(tape, OwnTape) or (tape is None and getattr(_OWN, "tape", None) is not None):
+        _OWN.tape = tape
+    else:
+        runtime.__dict__["tape"] = tape
+
+
+def _hook_tapes(change: int) -> None:
+    """Count one more (+1) or one fewer (-1) recording OwnTape; the first installs the
+    per-thread property on Warp's runtime, the last removes it."""
+    runtime = wp._src.context.runtime
+    with _HOOK_LOCK:
+        users = _HOOK["users"] = _HOOK["users"] + change
+        hooked = getattr(type(runtime), "_warpbridge_hook", False)
+        if users > 0 and not hooked:
+            cls = type(runtime)
+            sub = _HOOK["classes"].get(cls)
+            if sub is None:
+                attrs = {"_warpbridge_hook": True, "tape": property(_active_tape, _set_active_tape)}
+                sub = _HOOK["classes"][cls] = type(cls.__name__, (cls,), attrs)
+            runtime.__dict__.setdefault("tape", None)
+            runtime.__class__ = sub
+        elif users == 0 and hooked:
+            runtime.__class__ = type(runtime).__bases__[0]
 
 
 class Recorded(NamedTuple):
@@ -275,7 +307,7 @@ def _in_warp(code: Any) -> bool:
     return found
 
 
-class KeepingTape(wp.Tape):
+class KeepingTape(OwnTape):
     """A ``wp.Tape`` that keeps alive the frames that launched what it recorded.
 
     The tape's launches refer to objects the function made (a ``wp.HashGrid``, a ``wp.Mesh``,
