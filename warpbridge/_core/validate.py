@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from .errors import describe as describe_value
 from .errors import fail
 from .signature import _SCALAR_NAMES, GENERIC, STRUCT, Param, Signature
+from .warp_runtime import struct_arrays
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -235,6 +236,21 @@ def contiguous_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def _refuse_differentiable_fields(op: str, p: Param, value: Any) -> None:
+    """A struct passed to an op is a constant: its arrays' gradients would be silently lost
+    (the op's outputs would not even require grad), so one that requires grad is refused."""
+    for path, a in struct_arrays(value):
+        if a.requires_grad:
+            raise fail(
+                op,
+                f"argument '{p.name}': field '{path}' of {p.describe_type()} holds an array that requires grad, "
+                f"but an op passes a struct as a constant: that array's "
+                f"gradient would be silently lost. Pass the array as an array argument of the op (or of a launch "
+                f"function that builds the struct inside, see docs/interop.md), or an array made "
+                f"from a detached tensor if it needs no gradient",
+            )
+
+
 def make_scalar_packer(op: str, p: Param):
     """A converter from a Python value to what the kernel's ctypes field takes, checked."""
     name = p.dtype_name
@@ -245,6 +261,7 @@ def make_scalar_packer(op: str, p: Param):
         def pack_struct(v: Any) -> Any:
             if getattr(v, "_cls", None) is not p.wp_type:
                 raise fail(op, f"argument '{p.name}' must be {p.describe_type()} instance, got {_what(v)}")
+            _refuse_differentiable_fields(op, p, v)
             return v
 
         return pack_struct

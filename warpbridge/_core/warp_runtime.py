@@ -414,6 +414,25 @@ def _add_struct_fields(value: Any, found: list) -> None:
             _add_struct_fields(field, found)
 
 
+def struct_arrays(value: Any) -> list:
+    """(field path, array) for each array a ``wp.struct`` instance holds, nested structs too."""
+    found: list = []
+    _add_struct_fields(value, found)
+    return [(_field_path(value, struct, name), a) for struct, name, a in found]
+
+
+def _field_path(top: Any, struct: Any, name: str) -> str:
+    if struct is top:
+        return name
+    for field in top._cls.vars:
+        inner = getattr(top, field, None)
+        if _is_struct_value(inner):
+            found = _field_path(inner, struct, name)
+            if found:
+                return f"{field}.{found}"
+    return ""
+
+
 def refresh_struct_fields(fields: list) -> None:
     """Set each struct's array fields again: a struct copies an array's gradient pointer when
     the array is set, and the adjoint reads that copy."""
