@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import warp as wp
 
-from .warp_runtime import INT_TYPES, build_code, is_user_function
+from .warp_runtime import INT_TYPES, build_code, builtin_name, is_user_function, warp_builtin
 
 _ATOMIC_WRITES = frozenset(
     {"atomic_add", "atomic_sub", "atomic_min", "atomic_max", "atomic_cas", "atomic_exch", "atomic_and",
@@ -67,7 +67,10 @@ def _resolve(fn_globals: dict, closure: dict, node: ast.AST) -> Any:
         return fn_globals.get(node.id)
     if isinstance(node, ast.Attribute):
         base = _resolve(fn_globals, closure, node.value)
-        return getattr(base, node.attr, None) if base is not None else None
+        found = getattr(base, node.attr, None) if base is not None else None
+        if found is None and base is wp:
+            return warp_builtin(node.attr)  # wp.tile_load and others are not module attributes
+        return found
     return None
 
 
@@ -628,3 +631,34 @@ def _index_source(e: ast.AST, indices: set[str], via: dict[str, str]) -> str | N
     if isinstance(e, ast.Call) and len(e.args) == 1 and not e.keywords:  # int(idx[i])
         return _index_source(e.args[0], indices, via)
     return None
+
+
+# -- tiles ------------------------------------------------------------------------------------
+
+
+def tile_use(pyfunc: Any, tree: ast.AST, depth: int = 0) -> tuple[str, str] | None:
+    """The first tile builtin (``wp.tile_*``, ``wp.tile``, ``wp.untile``) the function whose
+    AST is ``tree`` calls, directly or through a ``@wp.func``: (its name, file:line), or None."""
+    fn_globals, closure = _scope(pyfunc)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        target = _resolve(fn_globals, closure, node.func)
+        name = builtin_name(target)
+        if name is not None and (name.startswith("tile") or name == "untile"):
+            return name, _where(pyfunc, node.lineno)
+        callee = _user_function(target)
+        if callee is not None and depth < _MAX_DEPTH:
+            found = tile_use(callee.func, callee.adj.tree, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _where(pyfunc: Any, line: int) -> str:
+    """file:line of line ``line`` of ``pyfunc``'s source (1: its first line)."""
+    try:
+        first = inspect.getsourcelines(pyfunc)[1]
+    except (OSError, TypeError):
+        first = 1
+    return f"{inspect.getsourcefile(pyfunc) or '<kernel>'}:{first + line - 1}"

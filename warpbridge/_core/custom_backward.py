@@ -94,7 +94,10 @@ class CustomBackward:
         in_shapes = tuple(
             shape for p, (shape, _) in zip(fwd_plan.sig.array_inputs, fwd_plan.in_layouts) if p.differentiable
         )
-        return new_plan(self.sig, fwd_plan.device, layouts, fwd_plan.launch_dims, in_shapes)
+        return new_plan(
+            self.sig, fwd_plan.device, layouts, fwd_plan.launch_dims, in_shapes,
+            block_dim=fwd_plan.block_dim, tiled=fwd_plan.tiled,
+        )  # fmt: skip
 
 
 class GenericBackward:

@@ -499,7 +499,18 @@ class FunctionPlan(Plan):
             run_function_adjoint(op, self, in_ptrs, scalars, out_ptrs, in_grad_ptrs, out_grads, stream)
 
 
-def new_plan(sig: Signature, device: Any, in_layouts, launch, out_shapes, debug: bool = False) -> Plan:
-    """The plan of a call with these layouts and dims: a kernel's or a launch function's."""
-    kind = KernelPlan if sig.kind == "kernel" else FunctionPlan
-    return kind(sig, device, in_layouts, launch, out_shapes, debug)
+def new_plan(
+    sig: Signature,
+    device: Any,
+    in_layouts,
+    launch,
+    out_shapes,
+    debug: bool = False,
+    block_dim: int | None = None,
+    tiled: bool = False,
+) -> Plan:
+    """The plan of a call with these layouts and dims: a kernel's (launched in blocks of
+    ``block_dim`` threads, by blocks if ``tiled``) or a launch function's."""
+    if sig.kind == "kernel":
+        return KernelPlan(sig, device, in_layouts, launch, out_shapes, debug, block_dim, tiled)
+    return FunctionPlan(sig, device, in_layouts, launch, out_shapes, debug)

@@ -62,6 +62,8 @@ class WarpOp:
         outputs: Any = None,
         in_out: Any = (),
         debug: bool = False,
+        block_dim: int | None = None,
+        tiled: bool | None = None,
         _registered_as: str | None = None,
     ):
         explicit = name is not None
@@ -87,6 +89,7 @@ class WarpOp:
         # arrays' dtypes (``instance``), made once per binding.
         self.generic = self.sig.kind == "kernel" and bool(getattr(fn, "is_generic", False))
         self._instances: dict[Any, WarpOp] = {}
+        self.block_dim, self.tiled = _blocks(name, self.sig, block_dim, tiled)
         self.launch_dims = _validate.normalize_dims(name, "launch_dims", launch_dims)
         self.output_dims = _validate.normalize_output_dims(name, self.sig, output_dims)
         self._packers = tuple(_validate.make_scalar_packer(name, p) for p in self.sig.inputs if not p.is_array)
@@ -134,6 +137,10 @@ class WarpOp:
         )
         if recompute:
             options["recompute"] = True
+        if self.block_dim is not None:
+            options["block_dim"] = self.block_dim
+        if self.tiled != bool(sig.tile_use):
+            options["tiled"] = self.tiled
         if debug:
             options["debug"] = True
         if outputs is not None:
@@ -232,10 +239,14 @@ class WarpOp:
             return any(what in (t.key, getattr(t.func, "__name__", None)) for t in self.trust_adjoint)
         return what in self.trust_adjoint
 
-    def __call__(self, *args: Any, launch_dims: Any = None, output_dims: Any = None, **named: Any) -> Any:
+    def __call__(
+        self, *args: Any, launch_dims: Any = None, output_dims: Any = None, block_dim: int | None = None, **named: Any
+    ) -> Any:
         """Run the op on framework arrays; see :func:`warpbridge.op`."""
         if named:
             self._refuse_keywords(named)
+        if block_dim is not None and block_dim != self.block_dim:
+            return self.with_options(block_dim=block_dim)(*args, launch_dims=launch_dims, output_dims=output_dims)
         outs = self.call_all(*args, launch_dims=launch_dims, output_dims=output_dims)
         visible = self.sig.visible
         if len(visible) == len(self.sig.outputs):
@@ -256,9 +267,17 @@ class WarpOp:
         order = ", ".join(p.name for p in self.sig.inputs)
         raise fail(
             self.name,
-            f"takes its inputs by position ({order}); got keyword argument(s) {sorted(named)}. Only launch_dims= "
-            "and output_dims= are keywords",
+            f"takes its inputs by position ({order}); got keyword argument(s) {sorted(named)}. Only launch_dims=, "
+            "output_dims= and block_dim= are keywords",
         )
+
+    def with_options(self, **changes: Any) -> WarpOp:
+        """The op made from the same callable with these options changed (``wb.op`` returns
+        the same one for the same options)."""
+        options = {**self._options, **changes}
+        if self.custom_backward is not None:
+            options["backward"] = self.custom_backward.fn
+        return op(self.fn, **options)
 
     def _handle_ids(self, args: tuple) -> tuple:
         """A ``wp.Mesh``, ``wp.HashGrid``, ``wp.Bvh`` or ``wp.Volume`` given for a uint64
@@ -352,6 +371,15 @@ class WarpOp:
             element = wp.types.matrix(inner, scalar)
         kernel = self.sig.kernel
         overload = bind_generic(kernel, element, scalar)
+        problem = warp_runtime.codegen_error(overload)
+        if problem is not None:
+            warp_runtime.drop_overload(kernel, overload)  # or it fails every later load of its module
+            raise fail(
+                self.name,
+                f"the generic kernel '{kernel.key}' bound with Any = {wp.types.type_repr(element)} (from argument "
+                f"'{first.name}', {dtype}) does not compile: {problem.strip()}\nBind its Any types yourself, one op "
+                f"per binding: wb.op(wp.overload({kernel.key}, {{'<param>': <type>, ...}}))",
+            )
         options = {k: v for k, v in self._options.items() if k != "name"}
         bwd = self.custom_backward.bind(element, scalar) if self.custom_backward is not None else None
         return WarpOp(
@@ -422,7 +450,9 @@ class WarpOp:
         plan = self._plans.get(key)
         if plan is None:
             _validate.check_bounds(self.name, self.sig, layouts, launch, out_shapes)
-            plan = _functions.new_plan(self.sig, device, layouts, launch, out_shapes, debug=self.debug)
+            plan = _functions.new_plan(
+                self.sig, device, layouts, launch, out_shapes, self.debug, self.block_dim, self.tiled
+            )
             if len(self._plans) >= MAX_CACHED:
                 self._plans.clear()
             self._plans[key] = plan
@@ -462,6 +492,27 @@ def _unpickle(fn_ref: tuple, bwd_ref: tuple | None, options: dict) -> WarpOp:
     if bwd_ref is not None and result.custom_backward is None:
         result.backward(_resolve(bwd_ref))
     return result
+
+
+MAX_BLOCK_DIM = 1024  # threads per block, on CUDA and on the CPU's cooperative blocks
+
+
+def _blocks(name: str, sig: Any, block_dim: Any, tiled: Any) -> tuple[int | None, bool]:
+    """``block_dim`` checked, and whether launches are tiled (``tiled``; None: a kernel that
+    uses tiles is)."""
+    if sig.kind != "kernel" and (block_dim is not None or tiled is not None):
+        raise fail(
+            name,
+            "block_dim= and tiled= are for kernels: a launch function passes block_dim to its own wp.launch or "
+            "wp.launch_tiled calls",
+        )
+    if block_dim is not None and (
+        isinstance(block_dim, bool) or not isinstance(block_dim, int) or not 1 <= block_dim <= MAX_BLOCK_DIM
+    ):
+        raise fail(name, f"block_dim must be an int from 1 to {MAX_BLOCK_DIM} (threads per block), got {block_dim!r}")
+    if tiled is not None and not isinstance(tiled, bool):
+        raise fail(name, f"tiled must be a bool or None, got {tiled!r}")
+    return block_dim, bool(sig.tile_use) if tiled is None else tiled
 
 
 def _trusted(name: str, trust: Any) -> bool | tuple:
@@ -568,6 +619,8 @@ class OpOptions(TypedDict, total=False):
     outputs: Sequence[str] | None
     in_out: Sequence[str]
     debug: bool
+    block_dim: int | None
+    tiled: bool | None
 
 
 @overload
@@ -593,6 +646,8 @@ def op(
     outputs: Sequence[str] | None = None,
     in_out: Sequence[str] = (),
     debug: bool = False,
+    block_dim: int | None = None,
+    tiled: bool | None = None,
 ) -> WarpOp | Callable[[Any], WarpOp]:
     """Turn a Warp kernel, or a function that launches kernels, into a differentiable operator.
 
@@ -603,7 +658,8 @@ def op(
             allocated zeroed by the op.
         num_outputs: how many trailing parameters are outputs.
         launch_dims: launch dims (int or tuple); default: the Warp shape of the first array
-            input. Overridable per call.
+            input. For a tiled launch, the grid of blocks (``wp.launch_tiled``'s ``dim``), and
+            required for a kernel that uses tiles. Overridable per call.
         output_dims: output Warp shape(s): one tuple for all outputs or a dict keyed by output
             name; default: the launch dims. Or a callable that returns those from the op's
             inputs, called with each array replaced by its Warp shape and each scalar by its
@@ -646,6 +702,17 @@ def op(
             reading or writing out of bounds (Warp's own debug checks end the process). Costs a
             pass over those arrays on the host per call. Also on for every op with the
             environment variable ``WARPBRIDGE_DEBUG=1``.
+        block_dim: kernels: threads per block (1 to 1024), as ``wp.launch`` and
+            ``wp.launch_tiled`` take it, in the forward and the adjoint; honoured on the CPU
+            too, where Warp runs a block's threads cooperatively (no need for
+            ``wp.config.enable_cpu_blocks``). None (default): Warp's own, 1 on the CPU and 256
+            on CUDA. Overridable per call (``op(x, block_dim=64)``).
+        tiled: kernels: launch by blocks, as ``wp.launch_tiled``: ``launch_dims`` is the grid
+            of blocks, each of ``block_dim`` threads, and ``wp.tid()`` returns the block's
+            place in it. False: as ``wp.launch``, ``launch_dims`` counts threads (grouped into
+            blocks of ``block_dim``, for kernels that make tiles from per-thread values with
+            ``wp.tile``). None (default): True for a kernel that uses tiles. See
+            ``docs/interop.md``, "Tile kernels".
         recompute: for a launch function: re-run it under a fresh ``wp.Tape`` in the backward
             instead of keeping the forward's tape (and its intermediates) until then. Saves
             memory between forward and backward, costs one more forward. PyTorch eager calls
@@ -682,6 +749,8 @@ def op(
         outputs=outputs,
         in_out=in_out,
         debug=debug,
+        block_dim=block_dim,
+        tiled=tiled,
     )
     if fn is None:
         return lambda f: _cached(f, kw)

@@ -22,7 +22,7 @@ import warp as wp
 from .errors import fail
 from .signature import STRUCT, Param, Signature
 from .validate import _HALF_BITS, contiguous_strides, itemsize
-from .warp_runtime import ARRAY_DESCRIPTOR, LOAD_LOCK, record
+from .warp_runtime import ARRAY_DESCRIPTOR, LOAD_LOCK, default_block_dim, exact_block_dim, record
 
 # Call compiled CPU kernels directly (the fast path). Tests turn this off to run the generic
 # wp.launch path, the one CUDA takes, on machines without a GPU.
@@ -51,6 +51,10 @@ class Plan:
     # Whether ``run`` takes the scalars' Python values (a launch function) or them packed for
     # the kernel's argument struct (16-bit floats as bits)
     takes_values = False
+    # A kernel's threads per block (None: Warp's default), and whether it is launched by
+    # blocks (``wp.launch_tiled``: the launch dims are the grid of blocks)
+    block_dim: int | None = None
+    tiled = False
 
     def __init__(self, sig: Signature, device: Any, in_layouts, launch, out_shapes):
         self.sig = sig
@@ -83,9 +87,24 @@ class KernelPlan(Plan):
     CPU tile kernels) the launch goes through ``wp.launch`` on the caller's stream.
     """
 
-    def __init__(self, sig: Signature, device: Any, in_layouts, launch, out_shapes, debug: bool = False):
+    def __init__(
+        self,
+        sig: Signature,
+        device: Any,
+        in_layouts,
+        launch,
+        out_shapes,
+        debug: bool = False,
+        block_dim: int | None = None,
+        tiled: bool = False,
+    ):
         super().__init__(sig, device, in_layouts, launch, out_shapes)
         self.check_indices = debug and bool(sig.index_uses)
+        self.block_dim, self.tiled = block_dim, tiled
+        # what wp.launch takes: a tiled launch's trailing dimension is the block's threads
+        lanes = block_dim or default_block_dim(device)
+        self.warp_dims = (*launch, lanes) if tiled else tuple(launch)
+        self.warp_block_dim = exact_block_dim(lanes if tiled else block_dim)
         if self.size == 0:
             return  # an empty launch launches nothing
         kernel = sig.kernel
@@ -99,9 +118,9 @@ class KernelPlan(Plan):
         ]
         try:
             with LOAD_LOCK:
-                rec = record(kernel, launch, templates, device, DIRECT_CPU)
+                rec = record(kernel, self.warp_dims, templates, device, DIRECT_CPU, lanes if tiled else block_dim)
         except (ValueError, RuntimeError, TypeError) as e:
-            raise fail(sig.name, f"Warp rejected the launch (dims {launch}): {e}") from e
+            raise fail(sig.name, f"Warp rejected the launch (dims {launch}{_blocks_of(self)}): {e}") from e
         self.bounds = rec.bounds
         self.hooks = rec.hooks
         self.module_exec = rec.module_exec
@@ -112,7 +131,7 @@ class KernelPlan(Plan):
         self.template = rec.template
         self._copy = self.Args.from_buffer_copy
         self._fill = _make_filler(sig)
-        self._bounds_ref = ctypes.byref(self.bounds)  # byref keeps self.bounds alive
+        self._bounds_ref = ctypes.byref(self.bounds) if self.direct else None  # keeps self.bounds alive
         self._forward = self.hooks.forward
 
     def run(
@@ -138,7 +157,14 @@ class KernelPlan(Plan):
             self._forward(self._bounds_ref, ctypes.byref(args))
         else:
             values = self._launch_values(args)
-            wp.launch(self.sig.kernel, dim=self.launch_dims, inputs=values, device=self.device, stream=stream)
+            wp.launch(
+                self.sig.kernel,
+                dim=self.warp_dims,
+                inputs=values,
+                device=self.device,
+                stream=stream,
+                block_dim=self.warp_block_dim,
+            )
 
     def run_adjoint(
         self,
@@ -192,12 +218,13 @@ class KernelPlan(Plan):
             values = self._launch_values(args)  # in the kernel's order, as adj
             wp.launch(
                 self.sig.kernel,
-                dim=self.launch_dims,
+                dim=self.warp_dims,
                 inputs=values,
                 adj_inputs=adj,
                 adjoint=True,
                 device=self.device,
                 stream=stream,
+                block_dim=self.warp_block_dim,
             )
 
     def _check_indices(self, in_ptrs: Sequence[int]) -> None:
@@ -263,6 +290,12 @@ class KernelPlan(Plan):
                 v = p.wp_type(_HALF_BITS[p.dtype_name][1](v))  # the field holds raw bits
             values.append(v)
         return values
+
+
+def _blocks_of(plan: KernelPlan) -> str:
+    if plan.tiled:
+        return f", tiled, {plan.warp_dims[-1]} threads per block"
+    return f", {plan.block_dim} threads per block" if plan.block_dim else ""
 
 
 def host_bytes(a: Any) -> bytes:

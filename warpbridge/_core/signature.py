@@ -176,6 +176,8 @@ class Signature:
         ints = {p.name for p in self.array_inputs if p.dtype_name.startswith(("int", "uint")) and not p.inner_shape}
         names = {p.name for p in self.array_inputs + self.outputs}
         self.index_uses = _adjoint.index_uses(fn.adj.tree, names, ints)
+        # (builtin, file:line) of the first tile operation: the kernel is launched by blocks
+        self.tile_use = _adjoint.tile_use(fn.func, fn.adj.tree)
         self._first_line = fn.adj.fun_lineno
 
     def _read_function(self) -> None:
@@ -188,6 +190,7 @@ class Signature:
         self._in_out = frozenset()
         self.tid_indexed = {}
         self.index_uses = []
+        self.tile_use = None
 
     def hazards(self) -> tuple:
         """Constructs whose generated adjoint would be silently wrong (kernels; see ``_adjoint``)."""

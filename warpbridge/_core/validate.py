@@ -173,6 +173,13 @@ def resolve_dims(
     an in_out output has its input's shape (``in_shapes``: the array inputs' Warp shapes)."""
     launch = launch_dims
     if launch is None:
+        if sig.tile_use:
+            builtin, where = sig.tile_use
+            raise fail(
+                op,
+                f"kernel '{sig.kernel.key}' uses tiles (wp.{builtin} at {where}): pass launch_dims, the grid of "
+                f"blocks as wp.launch_tiled takes it, not the first array's shape {tuple(first_shape or ())}",
+            )
         if first_shape is None:
             raise fail(op, "the op has no array input to take launch dims from: pass launch_dims")
         launch = first_shape

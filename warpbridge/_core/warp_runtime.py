@@ -16,7 +16,11 @@ warpbridge relies on these Warp internals (checked by :func:`check_internals`, w
   (:class:`KeepingTape`, :func:`tape_contents`), and the error a ``wp.Tape`` entered under
   another raises (:func:`is_nested_tape_error`);
 - ``warp._src.context.Function``, ``warp._src.codegen.Struct`` / ``StructInstance`` and ``warp._src.types.int_types``
-  (:func:`is_user_function`, :func:`is_struct`, :data:`INT_TYPES`).
+  (:func:`is_user_function`, :func:`is_struct`, :data:`INT_TYPES`);
+- ``warp._src.context._ResolvedBlockDim``, a block dimension ``wp.launch`` does not resolve
+  again (:func:`exact_block_dim`), and ``warp._src.context.pack_arg`` with ``Module.load`` for
+  a CPU launch in blocks, which a recorded launch cannot hold (:func:`record`); a kernel's
+  ``overloads`` dict with its module's ``mark_modified`` (:func:`drop_overload`).
 
 Supported: warp-lang ``SUPPORTED_WARP``. Nothing here changes what a user's own ``wp.Tape``,
 launch or thread sees: the one hook on Warp's runtime (:class:`OwnTape`) is installed only while
@@ -46,6 +50,19 @@ INT_TYPES = wp._src.types.int_types
 def is_user_function(obj: Any) -> bool:
     """A ``@wp.func`` written in Python (not a builtin)."""
     return isinstance(obj, wp._src.context.Function) and not obj.is_builtin() and obj.func is not None
+
+
+def warp_builtin(name: str) -> Any:
+    """Warp's builtin ``wp.<name>`` as kernels resolve it (many are not attributes of the
+    ``warp`` module), or None."""
+    return wp._src.context.builtin_functions.get(name)
+
+
+def builtin_name(obj: Any) -> str | None:
+    """The name of a Warp builtin function (``wp.tile_load`` -> ``"tile_load"``), else None."""
+    if isinstance(obj, wp._src.context.Function) and obj.is_builtin():
+        return obj.key
+    return None
 
 
 def is_struct(dtype: Any) -> bool:
@@ -174,17 +191,56 @@ class Recorded(NamedTuple):
 _ARGS_TYPES: dict = {}  # (kernel, field ctypes) -> Args struct
 
 
-def record(kernel: Any, dim: Any, inputs: Sequence[Any], device: Any, direct_cpu: bool = True) -> Recorded:
+def exact_block_dim(block_dim: int | None) -> Any:
+    """``block_dim`` as ``wp.launch`` takes it without resolving it again: honoured on the CPU
+    too (Warp runs a block's threads as cooperative fibers there), whatever
+    ``wp.config.enable_cpu_blocks`` says. None stays None (Warp's default per device)."""
+    return None if block_dim is None else wp._src.context._ResolvedBlockDim(block_dim)
+
+
+def default_block_dim(device: Any) -> int:
+    """Warp's threads per block on ``device`` when a launch names none."""
+    return 1 if device.is_cpu else 256
+
+
+def drop_overload(kernel: Any, overload: Any) -> None:
+    """Remove an overload ``kernel.add_overload`` made whose code does not generate: left in
+    place, it fails every later load of its module, the other kernels' too."""
+    kernel.overloads.pop(overload.sig, None)
+    kernel.module.mark_modified()
+
+
+def record(
+    kernel: Any, dim: Any, inputs: Sequence[Any], device: Any, direct_cpu: bool = True, block_dim: int | None = None
+) -> Recorded:
     """Record one launch of ``kernel`` (which resolves the bounds, validates the dims and loads,
     compiling if needed, the module) and return what a direct call needs."""
-    rec = wp.launch(kernel, dim=dim, inputs=list(inputs), device=device, record_cmd=True)
-    types = tuple(type(v) for v in rec.params[1:])
+    if device.is_cpu and (block_dim or 1) > 1:
+        return _record_cpu_blocks(kernel, inputs, device, block_dim)
+    rec = wp.launch(kernel, dim=dim, inputs=list(inputs), device=device, record_cmd=True, block_dim=block_dim)
+    Args = _args_type(kernel, rec.params[1:])
+    direct = direct_cpu and device.is_cpu and rec.block_dim == 1
+    return Recorded(Args, Args(*rec.params[1:]), rec.params[0], rec.hooks, rec.module_exec, direct)
+
+
+def _record_cpu_blocks(kernel: Any, inputs: Sequence[Any], device: Any, block_dim: int) -> Recorded:
+    """What a CPU launch in blocks of ``block_dim`` threads needs: a recorded launch resolves
+    its block dim again and, without ``wp.config.enable_cpu_blocks``, records one thread per
+    block. Such a launch goes through ``wp.launch``, never directly."""
+    module_exec = kernel.module.load(device, block_dim)
+    pack = wp._src.context.pack_arg
+    params = [pack(kernel, a.type, a.label, v, device) for a, v in zip(kernel.adj.args, inputs)]
+    Args = _args_type(kernel, params)
+    return Recorded(Args, Args(*params), None, module_exec.get_kernel_hooks(kernel), module_exec, False)
+
+
+def _args_type(kernel: Any, params: Sequence[Any]) -> Any:
+    types = tuple(type(v) for v in params)
     Args = _ARGS_TYPES.get((kernel, types))
     if Args is None:
         fields = [(a.label, t) for a, t in zip(kernel.adj.args, types)]
         Args = _ARGS_TYPES.setdefault((kernel, types), type("Args", (ctypes.Structure,), {"_fields_": fields}))
-    direct = direct_cpu and device.is_cpu and rec.block_dim == 1
-    return Recorded(Args, Args(*rec.params[1:]), rec.params[0], rec.hooks, rec.module_exec, direct)
+    return Args
 
 
 # -- dynamic loops, as Warp's code generator sees them ----------------------------------------
@@ -256,6 +312,17 @@ def build_code(kernel: Any, options: dict) -> list:
         return list(found)
 
 
+def codegen_error(kernel: Any) -> str | None:
+    """Warp's error generating ``kernel``'s code (nothing compiled), or None if it generates."""
+    module = kernel.module
+    options = module.resolve_options(wp.config, block_dim=module.options.get("block_dim"))
+    try:
+        build_code(kernel, options | {"output_arch": None, "enable_backward": True})
+    except Exception as e:  # Warp's parse and type errors: their message is the user's answer
+        return str(e)
+    return None
+
+
 class RecordedLaunch(NamedTuple):
     """One kernel launch a ``wp.Tape`` recorded: the kernel, its arguments by name, and the
     arrays among them (a struct's array fields under the struct parameter's label)."""
@@ -281,6 +348,9 @@ def check_internals() -> list[str]:
             wp._src.codegen.Adjoint.materialize_redefinitions
         ),
         "warp._src.codegen._codegen_lock": lambda: hasattr(wp._src.codegen, "_codegen_lock"),
+        "warp._src.context._ResolvedBlockDim": lambda: issubclass(wp._src.context._ResolvedBlockDim, int),
+        "wp.Kernel.overloads, Module.mark_modified": lambda: callable(wp._src.context.Module.mark_modified),
+        "warp._src.context.pack_arg": lambda: callable(wp._src.context.pack_arg),
         "wp.Tape.record_launch": lambda: callable(wp.Tape.record_launch),
         "wp.Tape.record_func": lambda: callable(wp.Tape.record_func),
     }
