@@ -224,12 +224,7 @@ def array_accesses(tree: ast.AST, pyfunc: Any, names: set[str], depth: int = 0) 
     """
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     fn_globals, closure = _scope(pyfunc)
-    reads, writes, unknown = set(), set(), set()  # array names
-    loads: dict[str, list[tuple[int, int, ast.AST]]] = {}  # name -> (line, col, load node)
-    stores: dict[str, list[tuple[ast.stmt, ast.AST | None, ast.AST]]] = {}  # name -> (stmt, rhs, target)
-    overwritten: dict[str, int] = {}
-    restored_via: set[str] = set()
-    added: dict[str, list[tuple[ast.stmt, ast.AST | None, ast.AST]]] = {}  # name -> a[i] += v stores
+    f = _Found()
 
     def stmt_of(node: ast.AST) -> ast.AST:
         while node in parents and not isinstance(node, ast.stmt):
@@ -242,65 +237,125 @@ def array_accesses(tree: ast.AST, pyfunc: Any, names: set[str], depth: int = 0) 
         parent = parents.get(node)
         if isinstance(parent, ast.Attribute) and parent.attr in _METADATA:
             continue
+        tile = _tile_access(parents, node)
+        if tile is not None:
+            call, kind, access = tile
+            f.tile_access(node.id, kind, stmt_of(call), call, access)
+            continue
         if isinstance(parent, ast.Subscript) and parent.value is node:
             sub, outer = parent, parents.get(parent)
             if isinstance(outer, ast.Subscript) and outer.value is parent:
                 sub = outer  # a[i][j]
-            stmt = stmt_of(sub)
-            if isinstance(sub.ctx, ast.Store):
-                writes.add(node.id)
-                if isinstance(stmt, ast.AugAssign):
-                    if not isinstance(stmt.op, (ast.Add, ast.Sub)):
-                        reads.add(node.id)  # a[i] *= v reads a[i]
-                        stores.setdefault(node.id, []).append((stmt, None, sub))
-                        loads.setdefault(node.id, []).append((stmt.lineno, stmt.col_offset, sub))
-                    else:
-                        # a[i] += f(a[i]) is a[i] = a[i] + f(a[i]): checked like a store, but an
-                        # atomic add needs no restoring of a's gradient
-                        added.setdefault(node.id, []).append((stmt, stmt.value, sub))
-                else:
-                    stores.setdefault(node.id, []).append((stmt, getattr(stmt, "value", None), sub))
-            else:
-                reads.add(node.id)
-                loads.setdefault(node.id, []).append((stmt.lineno, stmt.col_offset, sub))
+            f.element_access(node.id, sub, stmt_of(sub))
             continue
         if isinstance(parent, ast.Call) and node in parent.args + [k.value for k in parent.keywords]:
-            func = parent.func
-            fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            fname = _call_name(parent)
             if fname in _ATOMIC_WRITES and parent.args and parent.args[0] is node:
-                writes.add(node.id)
+                f.writes.add(node.id)
                 if fname in _ATOMIC_READS:
-                    reads.add(node.id)
+                    f.reads.add(node.id)
                 continue
-            callee = _user_function(_resolve(fn_globals, closure, func))
+            callee = _user_function(_resolve(fn_globals, closure, parent.func))
             if callee is not None and depth < _MAX_DEPTH:
                 label = _parameter_of(callee, parent, node)
                 if label is not None:
-                    sub_acc = array_accesses(callee.adj.tree, callee.func, {label}, depth + 1)
-                    if label in sub_acc.writes:
-                        writes.add(node.id)
-                    if label in sub_acc.reads:
-                        reads.add(node.id)
-                    if label in sub_acc.unknown:
-                        unknown.add(node.id)
-                    if label in sub_acc.overwritten:
-                        overwritten[node.id] = parent.lineno
-                    if label in sub_acc.restored:
-                        restored_via.add(node.id)
-                    # The function's adjoint replays its forward, stores included, and a
-                    # hand-written adjoint or replay may read it: it needs the real array.
-                    unknown.add(node.id)
+                    f.through_function(node.id, callee, label, parent.lineno, depth)
                     continue
-        unknown.add(node.id)
+        f.unknown.add(node.id)
 
-    restored = restored_via | {
-        name for name, sts in stores.items() if len(sts) > 1 or any(_in_loop(parents, stmt) for stmt, _, _ in sts)
+    restored = f.restored_via | {
+        name for name, sts in f.stores.items() if len(sts) > 1 or any(_in_loop(parents, stmt) for stmt, _, _ in sts)
     }
-    _mark_overwritten(stores, added, loads, overwritten)
+    _mark_overwritten(f.stores, f.added, f.loads, f.overwritten)
     return Accesses(
-        frozenset(reads), frozenset(writes), frozenset(unknown), overwritten, frozenset(restored),
-        _reads_after_writes(parents, stores, added, loads, unknown | restored_via),
+        frozenset(f.reads), frozenset(f.writes), frozenset(f.unknown), f.overwritten, frozenset(restored),
+        _reads_after_writes(parents, f.stores, f.added, f.loads, f.unknown | f.restored_via),
     )  # fmt: skip
+
+
+class _Found:
+    """What :func:`array_accesses` finds, array by array."""
+
+    def __init__(self):
+        self.reads, self.writes, self.unknown = set(), set(), set()  # array names
+        self.loads: dict[str, list[tuple[int, int, ast.AST]]] = {}  # name -> (line, col, load node)
+        self.stores: dict[str, list[tuple[ast.stmt, ast.AST | None, ast.AST]]] = {}  # name -> (stmt, rhs, target)
+        self.added: dict[str, list[tuple[ast.stmt, ast.AST | None, ast.AST]]] = {}  # name -> a[i] += v stores
+        self.overwritten: dict[str, int] = {}
+        self.restored_via: set[str] = set()
+
+    def element_access(self, name: str, sub: ast.Subscript, stmt: ast.AST) -> None:
+        if not isinstance(sub.ctx, ast.Store):
+            self.reads.add(name)
+            self.loads.setdefault(name, []).append((stmt.lineno, stmt.col_offset, sub))
+            return
+        self.writes.add(name)
+        if not isinstance(stmt, ast.AugAssign):
+            self.stores.setdefault(name, []).append((stmt, getattr(stmt, "value", None), sub))
+        elif not isinstance(stmt.op, (ast.Add, ast.Sub)):
+            self.reads.add(name)  # a[i] *= v reads a[i]
+            self.stores.setdefault(name, []).append((stmt, None, sub))
+            self.loads.setdefault(name, []).append((stmt.lineno, stmt.col_offset, sub))
+        else:
+            # a[i] += f(a[i]) is a[i] = a[i] + f(a[i]): checked like a store, but an atomic add
+            # needs no restoring of a's gradient
+            self.added.setdefault(name, []).append((stmt, stmt.value, sub))
+
+    def tile_access(self, name: str, kind: str, stmt: ast.AST, call: ast.Call, access: ast.AST) -> None:
+        if kind == "read":
+            self.reads.add(name)
+            self.loads.setdefault(name, []).append((stmt.lineno, stmt.col_offset, access))
+        else:  # tile_store is a store of the tile argument; tile_atomic_add adds it
+            self.writes.add(name)
+            (self.stores if kind == "store" else self.added).setdefault(name, []).append(
+                (stmt, _tile_value(call), access)
+            )
+
+    def through_function(self, name: str, callee: Any, label: str, line: int, depth: int) -> None:
+        """``name`` passed to ``@wp.func`` ``callee`` as its parameter ``label``."""
+        sub_acc = array_accesses(callee.adj.tree, callee.func, {label}, depth + 1)
+        for mine, theirs in ((self.writes, sub_acc.writes), (self.reads, sub_acc.reads)):
+            if label in theirs:
+                mine.add(name)
+        if label in sub_acc.overwritten:
+            self.overwritten[name] = line
+        if label in sub_acc.restored:
+            self.restored_via.add(name)
+        # The function's adjoint replays its forward, stores included, and a hand-written
+        # adjoint or replay may read it: it needs the real array (unknown either way).
+        self.unknown.add(name)
+
+
+# Tile builtins that take an array first: what each does to it, and where its tile argument is
+_TILE_ACCESS = {
+    "tile_load": ("read", None), "tile_load_indexed": ("read", None),
+    "tile_store": ("store", 1), "tile_store_indexed": ("store", 2),
+    "tile_atomic_add": ("add", 1), "tile_atomic_add_indexed": ("add", 2),
+}  # fmt: skip
+
+
+def _call_name(call: ast.Call) -> str:
+    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+
+
+def _tile_access(parents: dict, node: ast.AST) -> tuple[ast.Call, str, ast.AST] | None:
+    """(call, "read" / "store" / "add", the accessed expression) when the array name ``node``,
+    or a subscript of it (``y[i]``), is the array argument of a tile load, store or atomic add."""
+    access = node
+    while isinstance(parents.get(access), ast.Subscript) and parents[access].value is access:
+        access = parents[access]
+    call = parents.get(access)
+    if isinstance(call, ast.Call) and call.args and call.args[0] is access and _call_name(call) in _TILE_ACCESS:
+        return call, _TILE_ACCESS[_call_name(call)][0], access
+    return None
+
+
+def _tile_value(call: ast.Call) -> ast.AST | None:
+    """The tile a tile store or atomic add writes (positional or ``t=``)."""
+    at = _TILE_ACCESS[_call_name(call)][1]
+    if at is not None and at < len(call.args):
+        return call.args[at]
+    return next((k.value for k in call.keywords if k.arg == "t"), None)
 
 
 def _parameter_of(callee: Any, call: ast.Call, node: ast.AST) -> str | None:
@@ -634,6 +689,35 @@ def _index_source(e: ast.AST, indices: set[str], via: dict[str, str]) -> str | N
 
 
 # -- tiles ------------------------------------------------------------------------------------
+
+
+def addressed_by_layout(tree: ast.AST, pyfunc: Any, ndims: dict[str, int]) -> frozenset[str]:
+    """The arrays among ``ndims`` (name -> rank) whose adjoint finds their gradient at their
+    own layout: those a tile builtin takes (``wp.tile_load(x, ...)``, ``wp.tile_store(y[i], t)``:
+    its adjoint reads the gradient through the array's strides) and those the kernel takes a
+    view of (``x[i]`` on a 2-D ``x``: the view's adjoint uses the array's own gradient pointer),
+    or passes to a ``@wp.func`` (which may do either)."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    fn_globals, closure = _scope(pyfunc)
+    found = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Name) and node.id in ndims and isinstance(node.ctx, ast.Load)):
+            continue
+        if _tile_access(parents, node) is not None:
+            found.add(node.id)
+            continue
+        access, depth = node, 0
+        while isinstance(parents.get(access), ast.Subscript) and parents[access].value is access:
+            sl = parents[access].slice
+            depth += len(sl.elts) if isinstance(sl, ast.Tuple) else 1
+            access = parents[access]
+        if 0 < depth < ndims[node.id]:
+            found.add(node.id)  # a view
+        call = parents.get(access)
+        passed = depth == 0 and isinstance(call, ast.Call) and node in call.args
+        if passed and _user_function(_resolve(fn_globals, closure, call.func)) is not None:
+            found.add(node.id)
+    return frozenset(found)
 
 
 def tile_use(pyfunc: Any, tree: ast.AST, depth: int = 0) -> tuple[str, str] | None:

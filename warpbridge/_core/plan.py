@@ -199,6 +199,9 @@ class KernelPlan(Plan):
         for p in self.sig.inputs:
             if p.is_array:
                 ptr = next(grads)
+                if p.name in self.sig.layout_grads:
+                    # as under wp.Tape: a view's or a tile's adjoint adds into the array's own gradient
+                    getattr(args, p.name).grad = ptr
                 by_name[p.name] = (
                     _descriptor(ptr, self.in_layouts[k][0], self.in_grad_strides[k]) if ptr else ARRAY_DESCRIPTOR()
                 )

@@ -165,8 +165,16 @@ class Signature:
         # Tape arranges it (the output's descriptor carries its gradient's pointer): the
         # ones it reads, the ones stored more than once, and the in_out ones (whose gradient
         # buffer becomes the input's gradient as the adjoint runs).
+        # Arrays whose adjoint finds their gradient at their own layout (tiles, views made in
+        # the kernel): each input is handed over contiguous, as its gradient buffer is, with
+        # the buffer set as its gradient; each output's gradient is a private contiguous copy
+        # (a tile store's adjoint also consumes it).
+        ndims = {p.name: p.ndim for p in self.array_inputs + self.outputs}
+        self.layout_grads = _adjoint.addressed_by_layout(fn.adj.tree, fn.func, ndims)
         self.tracked_outputs = (
-            self.reads_outputs | frozenset(p.name for p in self.outputs if p.name in acc.restored) | in_out
+            self.reads_outputs
+            | frozenset(p.name for p in self.outputs if p.name in acc.restored | self.layout_grads)
+            | in_out
         )
         self._overwritten = {k: v for k, v in acc.overwritten.items() if k in {p.name for p in self.outputs}}
         self._in_out = in_out
@@ -191,6 +199,7 @@ class Signature:
         self.tid_indexed = {}
         self.index_uses = []
         self.tile_use = None
+        self.layout_grads = frozenset()
 
     def hazards(self) -> tuple:
         """Constructs whose generated adjoint would be silently wrong (kernels; see ``_adjoint``)."""

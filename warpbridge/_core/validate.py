@@ -432,8 +432,12 @@ def prepare(op: Any, args: Sequence[Any], launch_dims: Any, output_dims: Any, fw
             raise fail(
                 op.name, f"argument '{p.name}' has dtype {a.dtype}, which Warp cannot use; expected {p.dtype_name}"
             )
-        if p.inner_shape and len(shape) == p.tensor_ndim and not inner_contiguous(p, shape, strides):
-            a = fw.contiguous(a)  # Warp needs packed vector/matrix elements; outer dims may stride
+        if (p.inner_shape and len(shape) == p.tensor_ndim and not inner_contiguous(p, shape, strides)) or (
+            p.name in sig.layout_grads and tuple(strides) != contiguous_strides(shape, 1)
+        ):
+            # Warp needs packed vector/matrix elements (outer dims may stride); an array whose
+            # adjoint addresses its gradient at its own layout must have the gradient's
+            a = fw.contiguous(a)
             dtype_name, shape, strides, itemsize, dev = fw.meta(a)
         wshape, wstrides = check_array(op.name, p, ArrayArg(0, dtype_name, shape, tuple(s * itemsize for s in strides)))
         check_strides(op.name, p, wshape, wstrides)

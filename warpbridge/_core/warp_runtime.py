@@ -52,6 +52,11 @@ def is_user_function(obj: Any) -> bool:
     return isinstance(obj, wp._src.context.Function) and not obj.is_builtin() and obj.func is not None
 
 
+def builtin_functions() -> dict:
+    """Warp's builtin functions by name (each with its overloads)."""
+    return wp._src.context.builtin_functions
+
+
 def warp_builtin(name: str) -> Any:
     """Warp's builtin ``wp.<name>`` as kernels resolve it (many are not attributes of the
     ``warp`` module), or None."""
