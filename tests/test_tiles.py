@@ -143,3 +143,39 @@ def test_a_launch_function_takes_no_block_options():
 
     with pytest.raises(wb.WarpBridgeError, match=r"block_dim= and tiled= are for kernels"):
         wb.op(double, block_dim=8)
+
+
+def grouped(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(3, 8, 8, generator=g, requires_grad=True), torch.rand(3, 8, 4, generator=g, requires_grad=True))
+
+
+def test_a_launch_function_that_launches_by_blocks_itself():
+    a, b = grouped()
+    c = wb.op(T.grouped_gemm, output_dims=(3, 8, 4))(a, b)
+    torch.testing.assert_close(c, a.detach() @ b.detach(), rtol=1e-5, atol=1e-5)
+    g = torch.rand(3, 8, 4)
+    ga, gb = torch.autograd.grad(c, (a, b), g)
+    torch.testing.assert_close(ga, g @ b.detach().transpose(1, 2), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gb, a.detach().transpose(1, 2) @ g, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.compile
+def test_a_tile_kernel_op_under_torch_compile_fullgraph():
+    from warp.tests.tile import test_tile_matmul as TM
+
+    op = wb.op(TM.tile_grouped_gemm, launch_dims=(3,), output_dims=(3, 8, 4), block_dim=8)
+
+    def step(a, b):
+        return (torch.relu(op(a, b)) ** 2).sum()
+
+    compiled = torch.compile(step, fullgraph=True)
+    a, b = grouped()
+    loss = compiled(a, b)
+    loss.backward()
+    ra, rb = (t.detach().clone().requires_grad_() for t in (a, b))
+    want = (torch.relu(ra @ rb) ** 2).sum()
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(a.grad, ra.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(b.grad, rb.grad, rtol=1e-4, atol=1e-4)

@@ -29,7 +29,17 @@ from typing import Any, NamedTuple
 
 import warp as wp
 
-from .warp_runtime import INT_TYPES, build_code, builtin_name, is_user_function, warp_builtin
+from .builtin_adjoints import lost_gradients
+from .warp_runtime import (
+    INT_TYPES,
+    Findings,
+    build_code,
+    builtin_name,
+    is_floating,
+    is_struct,
+    is_user_function,
+    warp_builtin,
+)
 
 _ATOMIC_WRITES = frozenset(
     {"atomic_add", "atomic_sub", "atomic_min", "atomic_max", "atomic_cas", "atomic_exch", "atomic_and",
@@ -55,8 +65,14 @@ class Hazard(NamedTuple):
 
     kernel: str
     where: str  # file:line
-    variable: str
+    variable: str  # "" for a construct that is not a variable (a call)
     why: str
+    # the kernel parameters whose gradient passes through it (None: whichever is asked for)
+    sources: frozenset[str] | None = None
+
+    def concerns(self, asked: frozenset[str]) -> bool:
+        """Whether it matters when the gradients of parameters ``asked`` are asked for."""
+        return self.sources is None or bool(self.sources & asked)
 
 
 def _resolve(fn_globals: dict, closure: dict, node: ast.AST) -> Any:
@@ -127,8 +143,8 @@ def _additive_term(node: ast.AST, target: ast.AST, inert: frozenset[str] = froze
         return _additive_term(node.operand, target, inert)
     if isinstance(node, ast.Subscript) and not _contains(node.slice, target):
         return _additive_term(node.value, target, inert)  # a component: v[0]
-    if isinstance(node, ast.Call) and not node.keywords and _constructor(node.func):
-        return all(linear(a) for a in node.args)  # wp.vec3(v[0] + r[0], ...)
+    if isinstance(node, ast.Call) and not node.keywords and _cast(node.func, inert):
+        return all(linear(a) for a in node.args)  # wp.vec3(v[0] + r[0], ...), a cast
     return False
 
 
@@ -141,6 +157,14 @@ _CONSTRUCTORS = frozenset(
 
 def _constructor(func: ast.AST) -> bool:
     return (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")) in _CONSTRUCTORS
+
+
+def _cast(func: ast.AST, inert: frozenset[str]) -> bool:
+    """A call that builds a value linearly from its arguments: a constructor, a name holding a
+    Warp value type (in ``inert``), or an array's own type (``result.dtype(v)``)."""
+    if isinstance(func, ast.Attribute) and func.attr == "dtype":
+        return True
+    return _constructor(func) or (isinstance(func, ast.Name) and func.id in inert)
 
 
 def _inert(node: ast.AST, inert: frozenset[str]) -> bool:
@@ -266,6 +290,7 @@ def array_accesses(tree: ast.AST, pyfunc: Any, names: set[str], depth: int = 0) 
     restored = f.restored_via | {
         name for name, sts in f.stores.items() if len(sts) > 1 or any(_in_loop(parents, stmt) for stmt, _, _ in sts)
     }
+    f.keep_tile_loads_after_stores()
     _mark_overwritten(f.stores, f.added, f.loads, f.overwritten)
     return Accesses(
         frozenset(f.reads), frozenset(f.writes), frozenset(f.unknown), f.overwritten, frozenset(restored),
@@ -283,6 +308,7 @@ class _Found:
         self.added: dict[str, list[tuple[ast.stmt, ast.AST | None, ast.AST]]] = {}  # name -> a[i] += v stores
         self.overwritten: dict[str, int] = {}
         self.restored_via: set[str] = set()
+        self.tile_loads: dict[str, list[tuple[int, int, ast.AST]]] = {}  # name -> (line, col, access)
 
     def element_access(self, name: str, sub: ast.Subscript, stmt: ast.AST) -> None:
         if not isinstance(sub.ctx, ast.Store):
@@ -304,12 +330,21 @@ class _Found:
     def tile_access(self, name: str, kind: str, stmt: ast.AST, call: ast.Call, access: ast.AST) -> None:
         if kind == "read":
             self.reads.add(name)
-            self.loads.setdefault(name, []).append((stmt.lineno, stmt.col_offset, access))
+            self.tile_loads.setdefault(name, []).append((stmt.lineno, stmt.col_offset, access))
         else:  # tile_store is a store of the tile argument; tile_atomic_add adds it
             self.writes.add(name)
             (self.stores if kind == "store" else self.added).setdefault(name, []).append(
                 (stmt, _tile_value(call), access)
             )
+
+    def keep_tile_loads_after_stores(self) -> None:
+        """A tile loaded from an array the kernel stored to before is read back (checked like
+        any read); one loaded before the first store reads what the caller passed (an output's
+        zeros), as a GEMM with ``beta`` accumulates into its output, and is left out."""
+        for name, entries in self.tile_loads.items():
+            writes = [(st.lineno, st.col_offset) for st, _, _ in self.stores.get(name, []) + self.added.get(name, [])]
+            first = min(writes, default=None)
+            self.loads.setdefault(name, []).extend(e for e in entries if first is not None and e[:2] > first)
 
     def through_function(self, name: str, callee: Any, label: str, line: int, depth: int) -> None:
         """``name`` passed to ``@wp.func`` ``callee`` as its parameter ``label``."""
@@ -420,13 +455,44 @@ def _in_loop(parents: dict, node: ast.AST) -> bool:
 # -- dynamic loops, as Warp's code generator sees them ----------------------------------------
 
 
-def _only_summed(tree: ast.AST, name: str, inert: frozenset[str] = frozenset()) -> bool:
+def _live(tree: ast.AST, pyfunc: Any) -> list[ast.AST]:
+    """The nodes of ``tree`` Warp generates code for: the branch of an ``if wp.static(...)``
+    (which Warp's parser turns into a constant) whose condition is false is left out."""
+    fn_globals, closure = _scope(pyfunc) if pyfunc is not None else ({}, {})
+    found, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        if isinstance(node, ast.If):
+            value = _static_value(node.test, fn_globals, closure)
+            if value is not None:
+                todo.extend(node.body if value else node.orelse)
+                continue
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _static_value(test: ast.AST, fn_globals: dict, closure: dict) -> bool | None:
+    """The truth of a condition Warp decides when it generates code: a constant, or
+    ``wp.static(expr)`` evaluated in the function's scope; None for any other condition."""
+    if isinstance(test, ast.Constant):
+        return bool(test.value)
+    if not (isinstance(test, ast.Call) and _call_name(test) == "static" and len(test.args) == 1):
+        return None
+    try:
+        code = compile(ast.Expression(test.args[0]), "<static>", "eval")
+        return bool(eval(code, dict(fn_globals), dict(closure)))  # noqa: S307 - the kernel's own static expression
+    except Exception:
+        return None
+
+
+def _only_summed(tree: ast.AST, name: str, inert: frozenset[str] = frozenset(), pyfunc: Any = None) -> bool:
     """Whether every read of the local ``name`` is an additive term (constant or ``inert``
     factors allowed) of an assignment's value or a return value: ``acc += a * b`` ...
     ``out[i] = acc * c``. Then the adjoint only passes gradients through it and never needs its
     (stale) value for anything warpbridge returns."""
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    for node in ast.walk(tree):
+    for node in _live(tree, pyfunc):
         if not (isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)):
             continue
         stmt = node
@@ -459,21 +525,32 @@ def _used_outside(tree: ast.AST, loop: ast.AST, name: str) -> bool:
     )
 
 
-def _reachable(adj: Any, seen: set) -> None:
+def _reachable(adj: Any, seen: dict) -> None:
+    """Add to ``seen`` (id -> Adjoint) the ``@wp.func``s ``adj`` calls, and theirs, except
+    those with a ``@wp.func_grad`` of their own."""
     for f in getattr(adj, "called_user_functions", {}) or {}:
         fadj = getattr(f, "adj", None)
         if fadj is None or id(fadj) in seen or getattr(f, "custom_grad_func", None) is not None:
             continue
-        seen.add(id(fadj))
+        seen[id(fadj)] = fadj
         _reachable(fadj, seen)
 
 
-_CACHE: dict[Any, tuple[Hazard, ...]] = {}
+def _functions_of(kernel: Any) -> dict:
+    """The kernel's Adjoint and those of the functions whose adjoint Warp generates for it
+    (known once its code was generated)."""
+    _findings(kernel)
+    found = {id(kernel.adj): kernel.adj}
+    _reachable(kernel.adj, found)
+    return found
+
+
+_CACHE: dict[Any, Any] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def loop_hazards(kernel: Any) -> tuple[Hazard, ...]:
-    """Variables that dynamic loops change in ``kernel`` or the functions it calls."""
+def _findings(kernel: Any) -> Findings:
+    """What generating ``kernel``'s code finds (loops, builtin calls), once per kernel."""
     key = (kernel.module.name, kernel.key, getattr(kernel.adj, "source", None))
     with _CACHE_LOCK:
         if key in _CACHE:
@@ -483,18 +560,51 @@ def loop_hazards(kernel: Any) -> tuple[Hazard, ...]:
         options = module.resolve_options(wp.config, block_dim=module.options.get("block_dim"))
         found = build_code(kernel, options | {"output_arch": None, "enable_backward": True})
     except Exception:
-        found = []  # the kernel does not generate: its launch reports Warp's own error
-    reachable = {id(kernel.adj)}
-    _reachable(kernel.adj, reachable)
+        found = Findings([], [])  # the kernel does not generate: its launch reports Warp's own error
+    with _CACHE_LOCK:
+        _CACHE[key] = found
+    return found
+
+
+def _type_names(adj: Any) -> frozenset[str]:
+    """Names the function calls that hold a Warp value type (``accumulate_dtype(v)``, with
+    ``accumulate_dtype = wp.float64`` in its scope): casts, linear in their argument."""
+    fn_globals, closure = _scope(adj.func)
+    called = {n.func.id for n in ast.walk(adj.tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    return frozenset(
+        name for name in called if _is_value_type(closure[name] if name in closure else fn_globals.get(name))
+    )
+
+
+def _integer_like(t: Any) -> bool:
+    """An integer or bool type, or a struct of only such fields (indices, counters)."""
+    if t in INT_TYPES or t in (wp.bool, int, bool):
+        return True
+    return is_struct(t) and all(_integer_like(v.type) for v in t.vars.values())
+
+
+def _is_value_type(t: Any) -> bool:
+    return isinstance(t, type) and (
+        t in INT_TYPES or is_floating(t) or getattr(t, "_wp_scalar_type_", None) is not None
+    )
+
+
+def loop_hazards(kernel: Any) -> tuple[Hazard, ...]:
+    """Variables that dynamic loops change in ``kernel`` or the functions it calls, in
+    functions that compute something floating (a function of integers and indices alone has
+    no gradient to get wrong: a caller replays its forward to take its results)."""
+    reachable = _functions_of(kernel)
+    findings = _findings(kernel)
+    floating = {id(c.adj) for c in findings.calls if c.floating or c.floating_result}
     out: list[Hazard] = []
     seen = set()
-    for adj, loop, sym, vtype in found:
-        if id(adj) not in reachable:
+    for adj, loop, sym, vtype in findings.loops:
+        if id(adj) not in reachable or id(adj) not in floating:
             continue
-        is_int = vtype in INT_TYPES or vtype in (wp.bool, int, bool)
+        is_int = _integer_like(vtype)
         if is_int and isinstance(loop, ast.While) and not _used_outside(adj.tree, loop, sym):
             continue  # a while-loop counter: the reverse loop replays it in order
-        if not is_int and _only_summed(adj.tree, sym, inert_names(adj)):
+        if not is_int and _only_summed(adj.tree, sym, inert_names(adj) | _type_names(adj), adj.func):
             continue  # an accumulator read only additively: its adjoint never needs its value
         line = loop.lineno - 1 + adj.fun_lineno
         kind = "while" if isinstance(loop, ast.While) else "for"
@@ -504,10 +614,177 @@ def loop_hazards(kernel: Any) -> tuple[Hazard, ...]:
         seen.add((where, sym))
         head = adj.source_lines[loop.lineno - 1].strip() if loop.lineno - 1 < len(adj.source_lines) else kind
         out.append(Hazard(adj.fun_name, where, sym, f"changed inside the dynamic loop `{head}`"))
-    result = tuple(out)
-    with _CACHE_LOCK:
-        _CACHE[key] = result
-    return result
+    return tuple(out)
+
+
+# -- builtin calls whose adjoint loses a gradient, and transposed tiles ------------------------
+
+_INT_CASTS = frozenset({"int", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"})
+
+
+def call_hazards(kernel: Any) -> tuple[Hazard, ...]:
+    """Calls in ``kernel`` (or the functions it calls) that Warp's adjoint gets wrong for a
+    differentiable argument: a builtin that loses that argument's gradient
+    (``builtin_adjoints``), and a ``wp.tile_transpose`` of a tile used elsewhere too. Each
+    names the kernel parameters whose gradient would pass through it."""
+    functions = _functions_of(kernel)
+    out, seen = [], set()
+    for call in _findings(kernel).calls:
+        lost = lost_gradients(call.builtin, call.differentiable, call.floating, call.floating_result)
+        if id(call.adj) not in functions or not lost:
+            continue
+        sources = _sources(call.adj)
+        for node in _calls_named(call.adj.tree, call.builtin, call.line + 1):
+            for param, arg in _bound(node, call.params):
+                reached = _sources_of(arg, sources)
+                if param in lost and reached != frozenset() and (node.lineno, param) not in seen:
+                    seen.add((node.lineno, param))
+                    out.append(_builtin_hazard(call, node, param, reached))
+    for adj in functions.values():
+        out.extend(_transpose_hazards(adj))
+    return tuple(out)
+
+
+def _builtin_hazard(call: Any, node: ast.Call, param: str, sources: frozenset[str] | None) -> Hazard:
+    adj = call.adj
+    why = (
+        f"wp.{call.builtin}(), whose adjoint in Warp loses the gradient of its argument '{param}' "
+        f"({'Warp generates none for it' if not call.differentiable else 'it adds nothing for it'}): the gradient "
+        "through it would be 0 where the derivative is not"
+    )
+    return Hazard(adj.fun_name, f"{adj.filename}:{node.lineno - 1 + adj.fun_lineno}", "", why, sources)
+
+
+def _transpose_hazards(adj: Any) -> list[Hazard]:
+    """``wp.tile_transpose(t)`` of a differentiable tile ``t`` that the function also uses
+    elsewhere: the transposed view shares ``t``'s gradient storage, and Warp's adjoint counts
+    the gradient through it again (measured 0.25x to 2x, stored or inline)."""
+    sources = _sources(adj)
+    found = []
+    for node in ast.walk(adj.tree):
+        if not (isinstance(node, ast.Call) and _call_name(node) == "tile_transpose" and node.args):
+            continue
+        t = node.args[0]
+        reached = _sources_of(t, sources)
+        if not isinstance(t, ast.Name) or reached == frozenset():
+            continue
+        others = [n for n in ast.walk(adj.tree) if isinstance(n, ast.Name) and n.id == t.id and n is not t]
+        if any(isinstance(n.ctx, ast.Load) for n in others):
+            why = (
+                f"wp.tile_transpose() of tile '{t.id}', which the function uses elsewhere too: the transposed view "
+                f"shares '{t.id}''s gradient storage, and Warp's adjoint counts the gradient through it wrongly "
+                f"(measured 0.25x to 2x). Transpose a copy instead (wp.tile_map of a @wp.func returning its "
+                f"argument; measured right)"
+            )
+            where = f"{adj.filename}:{node.lineno - 1 + adj.fun_lineno}"
+            found.append(Hazard(adj.fun_name, where, "", why, reached))
+    return found
+
+
+def _calls_named(tree: ast.AST, builtin: str, line: int) -> list[ast.Call]:
+    """Calls of ``builtin`` in ``tree`` that span ``line`` (1-based, as the AST counts), where an
+    argument evaluates last (the line the code generator was at)."""
+    return [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and _call_name(n) == builtin
+        and n.lineno <= line <= (n.end_lineno or n.lineno)
+        and not _only_compared(n, tree)
+    ]
+
+
+def _only_compared(node: ast.Call, tree: ast.AST) -> bool:
+    """A call whose value only feeds a comparison or an integer cast (its gradient is 0 there)."""
+    for parent in ast.walk(tree):
+        if node in list(ast.iter_child_nodes(parent)):
+            return isinstance(parent, ast.Compare) or (
+                isinstance(parent, ast.Call) and _call_name(parent) in _INT_CASTS
+            )
+    return False
+
+
+def _bound(node: ast.Call, params: tuple[str, ...]) -> list[tuple[str, ast.AST]]:
+    """(parameter, argument expression) for each argument of the call."""
+    pairs = list(zip(params, node.args))
+    pairs += [(k.arg, k.value) for k in node.keywords if k.arg is not None]
+    return pairs
+
+
+def _sources_of(expr: ast.AST, sources: dict) -> frozenset[str] | None:
+    """The kernel parameters whose values reach ``expr`` (their metadata, ``a.shape``, left
+    out): a set, empty when none does, or None when any may (a ``@wp.func``'s parameters)."""
+    if isinstance(expr, ast.Attribute) and expr.attr in _METADATA:
+        return frozenset()
+    if isinstance(expr, ast.Name):
+        return sources.get(expr.id, frozenset())
+    found: frozenset[str] | None = frozenset()
+    for child in ast.iter_child_nodes(expr):
+        more = _sources_of(child, sources)
+        found = None if found is None or more is None else found | more
+    return found
+
+
+_SOURCES: dict[int, tuple[Any, dict]] = {}
+
+
+def _sources(adj: Any) -> dict:
+    """Name -> the parameters whose values it may carry (None: any), for the names in a kernel
+    or ``@wp.func`` whose values may carry a gradient: a kernel's floating arrays and structs,
+    every parameter of a function (its caller's values), and every local assigned from one of
+    them, to a fixed point (loops)."""
+    cached = _SOURCES.get(id(adj))
+    if cached is not None and cached[0] is adj:
+        return cached[1]
+    if getattr(adj, "is_user_function", False):
+        found: dict = {a.label: None for a in adj.args}
+    else:
+        found = {a.label: frozenset({a.label}) for a in adj.args if _differentiable_type(a.type)}
+    changed = True
+    while changed:
+        changed = False
+        for node in ast.walk(adj.tree):
+            value, targets = _assigned(node)
+            reached = _sources_of(value, found) if value is not None else frozenset()
+            if reached == frozenset():
+                continue
+            for name in (n for t in targets for n in _target_names(t)):
+                before = found.get(name, frozenset())
+                after = None if before is None or reached is None else before | reached
+                if after != before:
+                    found[name] = after
+                    changed = True
+    _SOURCES[id(adj)] = (adj, found)
+    return found
+
+
+def _target_names(target: ast.AST) -> list[str]:
+    """The names an assignment to ``target`` gives a value: ``v`` for ``v``, ``a, b``, and the
+    array ``y`` for ``y[i]`` or ``y.x`` (never the index ``i``)."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for e in target.elts for n in _target_names(e)]
+    if isinstance(target, (ast.Subscript, ast.Attribute)):
+        return _target_names(target.value)
+    return []
+
+
+def _differentiable_type(t: Any) -> bool:
+    if wp.types.is_array(t):
+        return is_floating(t.dtype) or is_struct(t.dtype)
+    return is_struct(t)
+
+
+def _assigned(node: ast.AST) -> tuple[ast.AST | None, list[ast.AST]]:
+    """(value, targets) of an assignment or a for loop's header; (None, []) otherwise."""
+    if isinstance(node, ast.Assign):
+        return node.value, node.targets
+    if isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+        return node.value, [node.target]
+    if isinstance(node, ast.For):
+        return node.iter, [node.target]
+    return None, []
 
 
 _ACCESSES: dict[Any, Accesses] = {}
@@ -526,20 +803,55 @@ def kernel_accesses(kernel: Any) -> Accesses:
 _HAZARDS: dict[Any, tuple[Hazard, ...]] = {}
 
 
+def extremum_hazards(kernel: Any, shared: frozenset[str] = frozenset()) -> tuple[Hazard, ...]:
+    """``wp.atomic_max``/``wp.atomic_min`` of a differentiable value into a floating array whose
+    ties warpbridge does not share (``shared``: the kernel op's outputs it shares them for):
+    Warp's adjoint gives each tied value the whole gradient."""
+    adj = kernel.adj
+    sources = _sources(adj)
+    floating = {a.label for a in adj.args if _differentiable_type(a.type)}
+    found = []
+    for node in ast.walk(adj.tree):
+        if not (isinstance(node, ast.Call) and _call_name(node) in ("atomic_max", "atomic_min") and len(node.args) > 2):
+            continue
+        target = node.args[0]
+        if not isinstance(target, ast.Name) or target.id not in floating or target.id in shared:
+            continue
+        reached = _sources_of(node.args[-1], sources)
+        if reached != frozenset():
+            why = (
+                f"wp.{_call_name(node)}() into '{target.id}': Warp's adjoint gives every value that ties for the "
+                f"result the whole gradient (the gradients add up to a multiple of it). A kernel op shares it "
+                f"evenly between ties for a floating scalar output: make the reduction a kernel op of its own"
+            )
+            found.append(Hazard(adj.fun_name, f"{adj.filename}:{node.lineno - 1 + adj.fun_lineno}", "", why, reached))
+    return tuple(found)
+
+
 def kernel_hazards(
-    kernel: Any, outputs: frozenset[str] | None = None, in_out: frozenset[str] = frozenset()
+    kernel: Any,
+    outputs: frozenset[str] | None = None,
+    in_out: frozenset[str] = frozenset(),
+    shared: frozenset[str] = frozenset(),
 ) -> tuple[Hazard, ...]:
     """Every hazard of ``kernel``: dynamic loops, overwritten reads of ``outputs`` (of any array
     parameter when ``outputs`` is None, as for kernels a launch function recorded), and reads of
     an ``in_out`` parameter's element after the kernel stored it (its adjoint reads the input's
     value there). Once per kernel: a launch function's backward asks for every kernel it recorded."""
-    key = (kernel.module.name, kernel.key, getattr(kernel.adj, "source", None), outputs, in_out)
+    key = (kernel.module.name, kernel.key, getattr(kernel.adj, "source", None), outputs, in_out, shared)
     found = _HAZARDS.get(key)
     if found is None:
         acc = kernel_accesses(kernel)
-        over = {k: v for k, v in acc.overwritten.items() if (outputs is None or k in outputs) and k not in in_out}
+        # an integer array carries no gradient: reading it back is no hazard
+        floating = {a.label for a in kernel.adj.args if _differentiable_type(a.type)}
+        over = {
+            k: v
+            for k, v in acc.overwritten.items()
+            if (outputs is None or k in outputs) and k not in in_out and k in floating
+        }
         stale = {k: v for k, v in acc.read_after_write.items() if k in in_out}
-        found = loop_hazards(kernel) + output_hazards(kernel.key, kernel.func, over)
+        found = loop_hazards(kernel) + call_hazards(kernel) + extremum_hazards(kernel, shared)
+        found += output_hazards(kernel.key, kernel.func, over)
         found += output_hazards(kernel.key, kernel.func, stale, IN_OUT_WHY)
         _HAZARDS[key] = found
     return found
@@ -579,12 +891,14 @@ def refusal(op_name: str, hazards: tuple[Hazard, ...]) -> str:
         f"{op_name}(): cannot differentiate: Warp's generated adjoint would be silently wrong for this op.",
     ]
     for h in hazards:
-        lines.append(f"  - kernel '{h.kernel}', {h.where}: variable '{h.variable}' is {h.why}")
+        what = f"variable '{h.variable}' is {h.why}" if h.variable else h.why
+        lines.append(f"  - kernel '{h.kernel}', {h.where}: {what}")
+    loops = " let Warp unroll the loop (a constant trip count up to the module's max_unroll option, 16 by default);"
     lines.append(
-        "Fixes: give the op its own backward (@op.backward, see docs/custom-backward.md); let Warp unroll the "
-        "loop (a constant trip count up to the module's max_unroll option, 16 by default); "
-        "or move the loop into a @wp.func with its own @wp.func_grad. If you know Warp's adjoint is right for this "
-        "kernel, pass trust_adjoint=True to wb.op (or trust_adjoint=[kernel or @wp.func, ...] to vouch for "
+        "Fixes: give the op its own backward (@op.backward, see docs/custom-backward.md);"
+        + (loops if any("dynamic loop" in h.why for h in hazards) else "")
+        + " or move the construct into a @wp.func with its own @wp.func_grad. If you know Warp's adjoint is right "
+        "for this kernel, pass trust_adjoint=True to wb.op (or trust_adjoint=[kernel or @wp.func, ...] to vouch for "
         "those only)."
     )
     return "\n".join(lines)

@@ -48,9 +48,7 @@ def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: Ta
     inputs = [args[p.position] for p in sig.array_inputs]
     launches = contents.launches
     kernels = recorded_kernels(launches)
-    for k in kernels:
-        if not k.options.get("enable_backward", k.module.options.get("enable_backward", True)):
-            raise fail(op.name, f"cannot differentiate: kernel '{k.key}' was compiled with enable_backward=False")
+    _check_backward_enabled(op, launches)
     _check_taped_kinds(op, launches)
     _check_input_writes(op, launches, inputs, spans)
     _check_geometry(op, tape, launches, inputs)
@@ -72,6 +70,27 @@ def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: Ta
     places = fill_probe.places(launches)
     inner, plain = _untaped_inner(launches, places, kernels, outside)
     return Untaped(_untaped_outputs(outputs, written), inner, plain, _numbers(launches, places))
+
+
+def _check_backward_enabled(op: Any, launches: list[RecordedLaunch]) -> None:
+    """A kernel compiled with ``enable_backward=False`` has no adjoint, and Warp's tape skips it:
+    refused where it writes a floating array (a gradient path would end there). One that writes
+    only integers (indices, topology) carries no gradient, and passes."""
+    for launch in launches:
+        k = launch.kernel
+        if k.options.get("enable_backward", k.module.options.get("enable_backward", True)):
+            continue
+        writes = _adjoint.kernel_accesses(k).writes
+        written = [label for label, a in launch.arrays if label in writes and floating(a.dtype)]
+        if written:
+            raise fail(
+                op.name,
+                f"cannot differentiate: launch function {op.sig.func.__name__}() at {launch.site or 'an unknown line'} "
+                f"runs kernel '{k.key}', compiled with enable_backward=False, and it writes the floating array(s) "
+                f"{written}: no gradient can pass through it. Run that step outside the function (on its result, "
+                "passed in as an argument), compile the kernel with enable_backward=True, or give the op its own "
+                "backward (@op.backward)",
+            )
 
 
 def _filled_outside(arrays: Sequence[Any], spans: dict, written: set, filled: list) -> dict:

@@ -9,6 +9,7 @@ from typing import Any
 
 import warp as wp
 
+from . import ties
 from .plan import _HALF_BITS, Plan
 from .signature import Param
 from .validate import WARP_TYPES, inner_contiguous
@@ -92,6 +93,8 @@ def backward(
         fw.ptr(g) if g is not None else (fw.ptr(v) if v is not None and p.differentiable else 0)
         for g, v, p in zip(in_grads, direct, sig.array_inputs)
     ]
+    if sig.extrema:  # ties of atomic_max/atomic_min share the gradient
+        ties.share(plan, ins, scalars, out_ptrs, out_grads, stream)
     plan.run_adjoint(op, ins, scalars, out_ptrs, gptrs, out_grads, stream, recording)
     if fresh_targets and targets is not None:
         for k, g in input_of_updated.items():

@@ -30,7 +30,15 @@ from .function_checks import (
 )
 from .plan import KernelPlan, Plan, host_bytes
 from .signature import Param, Signature
-from .warp_runtime import LOAD_LOCK, KeepingTape, is_nested_tape_error, on_stream, refresh_struct_fields, tape_contents
+from .warp_runtime import (
+    LOAD_LOCK,
+    KeepingTape,
+    drop_launches_without_adjoint,
+    is_nested_tape_error,
+    on_stream,
+    refresh_struct_fields,
+    tape_contents,
+)
 
 _READS_ONLY_INPUTS = "__warpbridge_reads_only_inputs__"
 
@@ -203,6 +211,7 @@ def run_recorded_adjoint(
                 contents = tape_contents(tape)
                 rec.arrays, rec.fields, rec.spans = contents.arrays, contents.fields, spans_of(contents.arrays)
                 rec.untaped = check_recorded(op, tape, rec.args, contents, rec.spans)
+                drop_launches_without_adjoint(tape)  # checked: they write no floating array
                 rec.checked = True
             refuse_gradients_into(op, rec.untaped.outputs)
             aliases = _alias_gradients(op, rec.arrays, rec.spans, [a for a, _, _ in ends])

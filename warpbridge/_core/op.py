@@ -226,7 +226,8 @@ class WarpOp:
             )
         if self.trusts(sig.kernel):
             return
-        found = tuple(h for h in sig.hazards() if not self.trusts(h.kernel))
+        names = frozenset(p.name for p in asked) | frozenset(p.name for p in sig.outputs)
+        found = tuple(h for h in sig.hazards() if not self.trusts(h.kernel) and h.concerns(names))
         if found:
             raise WarpBridgeError(_adjoint.refusal(self.name, found))
 

@@ -230,6 +230,12 @@ class KernelPlan(Plan):
                 block_dim=self.warp_block_dim,
             )
 
+    def launch_values(self, in_ptrs: Sequence[int], scalars: Sequence[Any], out_ptrs: Sequence[int]) -> list:
+        """The kernel's arguments over these buffers, as ``wp.launch`` takes them."""
+        args = self._copy(self.template)
+        self._fill(args, in_ptrs, scalars, out_ptrs)
+        return self._launch_values(args)
+
     def _check_indices(self, in_ptrs: Sequence[int]) -> None:
         """Debug mode: refuse index arrays whose values would reach past the arrays they index
         (Warp's own bounds checks stop the process)."""

@@ -17,6 +17,7 @@ from typing import Any
 import warp as wp
 
 from . import adjoint_check as _adjoint
+from . import ties as _ties
 from .errors import WarpBridgeError
 from .warp_runtime import is_struct
 
@@ -186,6 +187,9 @@ class Signature:
         self.index_uses = _adjoint.index_uses(fn.adj.tree, names, ints)
         # (builtin, file:line) of the first tile operation: the kernel is launched by blocks
         self.tile_use = _adjoint.tile_use(fn.func, fn.adj.tree)
+        # floating scalar outputs reduced into with atomic_max/atomic_min: ties share the gradient
+        scalar_outputs = {p.name: p.ndim for p in self.outputs if p.is_float and not p.inner_shape}
+        self.extrema = _ties.extrema(fn.adj.tree, scalar_outputs)
         self._first_line = fn.adj.fun_lineno
 
     def _read_function(self) -> None:
@@ -200,6 +204,7 @@ class Signature:
         self.index_uses = []
         self.tile_use = None
         self.layout_grads = frozenset()
+        self.extrema = ()
 
     def hazards(self) -> tuple:
         """Constructs whose generated adjoint would be silently wrong (kernels; see ``_adjoint``)."""
@@ -207,7 +212,9 @@ class Signature:
             if self.kind != "kernel":
                 self._hazards = ()
             else:
-                self._hazards = _adjoint.kernel_hazards(self.kernel, frozenset(self._overwritten), self._in_out)
+                self._hazards = _adjoint.kernel_hazards(
+                    self.kernel, frozenset(self._overwritten), self._in_out, frozenset(self.extrema)
+                )
         return self._hazards
 
     @property

@@ -9,9 +9,11 @@ warpbridge relies on these Warp internals (checked by :func:`check_internals`, w
   ``module_exec``, and ``warp._src.types.array_t``, the ctypes array descriptor, to call a
   compiled CPU kernel directly (:func:`record`, :data:`ARRAY_DESCRIPTOR`);
 - ``warp._src.codegen.Adjoint``: its loop visitors and ``materialize_redefinitions``, where the
-  code generator finds a variable mutated in a dynamic loop
-  (:func:`recording_loop_mutations`), and ``warp._src.context.ModuleBuilder`` to generate a
-  kernel's code without compiling it (:func:`build_code`);
+  code generator finds a variable mutated in a dynamic loop, and ``add_call`` with
+  ``return_resolved``, each builtin call's resolved overload (:func:`recording_codegen`), and
+  ``warp._src.context.ModuleBuilder`` to generate a kernel's code without compiling it
+  (:func:`build_code`); ``warp._src.types.strip_reference``, ``is_tile`` and ``float_types``
+  (:func:`is_floating`);
 - ``wp.Tape.record_launch`` / ``record_func`` and the layout of ``tape.launches`` entries
   (:class:`KeepingTape`, :func:`tape_contents`), and the error a ``wp.Tape`` entered under
   another raises (:func:`is_nested_tape_error`);
@@ -32,6 +34,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import ctypes
+import inspect
 import sys
 import threading
 import types
@@ -284,37 +287,98 @@ def _patched_visitors(Adjoint: Any):
     return wrap_loop, materialize, original
 
 
+class BuiltinCall(NamedTuple):
+    """A call of a Warp builtin as the code generator resolved it."""
+
+    adj: Any  # the kernel's or @wp.func's Adjoint it is in
+    line: int  # its statement's line, 0-based in adj.source_lines
+    builtin: str
+    differentiable: bool  # Warp's flag for the resolved overload
+    params: tuple[str, ...]  # the overload's parameters, in order
+    floating: tuple[str, ...]  # the parameters whose argument is a floating value or tile
+    floating_result: bool
+
+
+class Findings(NamedTuple):
+    """What generating a kernel's code found: variables mutated in dynamic loops ``(adj, loop,
+    symbol, type)`` and every builtin call."""
+
+    loops: list
+    calls: list[BuiltinCall]
+
+
+def is_floating(t: Any) -> bool:
+    """Whether a value of Warp type ``t`` (a scalar, vector, matrix, quaternion, transform or
+    tile) has floating elements."""
+    if t is None:
+        return False
+    t = wp._src.types.strip_reference(t)
+    if wp._src.types.is_tile(t):
+        t = t.dtype
+    return getattr(t, "_wp_scalar_type_", t) in wp._src.types.float_types
+
+
+def _recorded_call(original: Any):
+    def add_call(adj, func, args, kwargs, type_args, min_outputs=None, return_value_used=True,
+                 arg_nodes=None, kwarg_nodes=None, return_resolved=False):  # fmt: skip
+        output, resolved, bound = original(
+            adj, func, args, kwargs, type_args, min_outputs=min_outputs, return_value_used=return_value_used,
+            arg_nodes=arg_nodes, kwarg_nodes=kwarg_nodes, return_resolved=True,
+        )  # fmt: skip
+        calls = getattr(_RECORD, "calls", None)
+        if calls is not None and resolved.is_builtin():
+            types = {k: getattr(v, "type", None) for k, v in bound.items()}
+            outs = [o for o in (output if isinstance(output, (tuple, list)) else (output,)) if o is not None]
+            # a builtin that returns nothing and takes a floating tile works on it in place
+            result = any(is_floating(getattr(o, "type", None)) for o in outs) or (
+                not outs and any(is_floating(t) and wp._src.types.is_tile(wp._src.types.strip_reference(t))
+                                 for t in types.values() if t is not None)
+            )  # fmt: skip
+            floating = tuple(k for k, t in types.items() if t is not None and is_floating(t))
+            calls.append(
+                BuiltinCall(
+                    adj, adj.lineno, resolved.key, bool(resolved.is_differentiable), tuple(types), floating, result
+                )
+            )
+        return (output, resolved, bound) if return_resolved else output
+
+    return add_call
+
+
 @contextlib.contextmanager
-def recording_loop_mutations():
-    """Record Warp's "mutated variable in a dynamic loop" findings while code is generated."""
+def recording_codegen():
+    """Record Warp's "mutated variable in a dynamic loop" findings and every builtin call while
+    code is generated (under Warp's code-generation lock, the hooks removed on the way out)."""
     codegen = wp._src.codegen
     Adjoint = codegen.Adjoint
     with codegen._codegen_lock:
         wrap_loop, materialize, original = _patched_visitors(Adjoint)
         visitors = Adjoint.node_visitors
         saved = {t: visitors[t] for t in (ast.For, ast.While)}
+        original_call = Adjoint.add_call
         for t, emit in saved.items():
             visitors[t] = wrap_loop(emit)
         Adjoint.materialize_redefinitions = materialize
-        _RECORD.found = []
+        Adjoint.add_call = _recorded_call(original_call)
+        _RECORD.found, _RECORD.calls = [], []
         try:
-            yield _RECORD.found
+            yield Findings(_RECORD.found, _RECORD.calls)
         finally:
-            _RECORD.found = None
+            _RECORD.found = _RECORD.calls = None
             Adjoint.materialize_redefinitions = original
+            Adjoint.add_call = original_call
             visitors.update(saved)
 
 
-def build_code(kernel: Any, options: dict) -> list:
-    """Generate (never compile) ``kernel``'s code and the functions it calls, with Warp's
-    loop-mutation findings recorded: ``(adj, loop, symbol, type)`` per finding."""
+def build_code(kernel: Any, options: dict) -> Findings:
+    """Generate (never compile) ``kernel``'s code and the functions it calls; what it found."""
     context = wp._src.context
-    with LOAD_LOCK, recording_loop_mutations() as found:
+    with LOAD_LOCK, recording_codegen() as found:
         builder = context.ModuleBuilder(context.Module("warpbridge_adjoint_check", None), options)
         builder.build_kernel(kernel)
         for f in builder.deferred_functions:
             builder.build_function(f)
-        return list(found)
+        return Findings(list(found.loops), list(found.calls))
 
 
 def codegen_error(kernel: Any) -> str | None:
@@ -335,6 +399,7 @@ class RecordedLaunch(NamedTuple):
     kernel: Any
     args: list  # (parameter label, argument), inputs then outputs
     arrays: list  # (parameter label, array)
+    site: str = ""  # file:line of the launch function's statement that led to it
 
 
 def check_internals() -> list[str]:
@@ -353,6 +418,12 @@ def check_internals() -> list[str]:
             wp._src.codegen.Adjoint.materialize_redefinitions
         ),
         "warp._src.codegen._codegen_lock": lambda: hasattr(wp._src.codegen, "_codegen_lock"),
+        "warp._src.codegen.Adjoint.add_call(return_resolved=)": lambda: (
+            "return_resolved" in inspect.signature(wp._src.codegen.Adjoint.add_call).parameters
+        ),
+        "warp._src.types.strip_reference, is_tile, float_types": lambda: all(
+            hasattr(wp._src.types, n) for n in ("strip_reference", "is_tile", "float_types")
+        ),
         "warp._src.context._ResolvedBlockDim": lambda: issubclass(wp._src.context._ResolvedBlockDim, int),
         "wp.Kernel.overloads, Module.mark_modified": lambda: callable(wp._src.context.Module.mark_modified),
         "warp._src.context.pack_arg": lambda: callable(wp._src.context.pack_arg),
@@ -397,14 +468,23 @@ class KeepingTape(OwnTape):
         self.kept: list[dict] = []  # the frames' locals, once settled
         self._seen: set[int] = set()
         self._stop = stop
+        self.sites: dict[int, str] = {}  # launch index -> file:line in the function that led to it
 
     def record_launch(self, *args: Any, **kwargs: Any) -> None:
         self._keep_frames()
+        self.sites[len(self.launches)] = self._site()
         super().record_launch(*args, **kwargs)
 
     def record_func(self, *args: Any, **kwargs: Any) -> None:
         self._keep_frames()
         super().record_func(*args, **kwargs)
+
+    def _site(self) -> str:
+        """file:line of the statement in the function itself that led to this launch."""
+        frame, site = sys._getframe(2), None
+        while frame is not None and frame is not self._stop:
+            site, frame = frame, frame.f_back
+        return f"{site.f_code.co_filename}:{site.f_lineno}" if site is not None else "<unknown>"
 
     def _keep_frames(self) -> None:
         frame = sys._getframe(2)
@@ -453,16 +533,29 @@ def tape_contents(tape: Any) -> TapeContents:
     fields, and the arrays of the copies ``wp.copy`` recorded (kept in ``tape.gradients``)."""
     launches: list = []
     fields: list = []
-    for entry in tape.launches:
+    sites = getattr(tape, "sites", {})
+    for index, entry in enumerate(tape.launches):
         if isinstance(entry, (list, tuple)) and entry and isinstance(entry[0], wp.Kernel):
             labels = (a.label for a in entry[0].adj.args)
             args = list(zip(labels, list(entry[3]) + list(entry[4])))
-            launches.append(RecordedLaunch(entry[0], args, _launch_arrays(args, fields)))
+            launches.append(RecordedLaunch(entry[0], args, _launch_arrays(args, fields), sites.get(index, "")))
     found = {id(a): a for launch in launches for _, a in launch.arrays}
     for a in tape.gradients:
         if isinstance(a, wp.array):
             found.setdefault(id(a), a)
     return TapeContents(launches, list(found.values()), fields)
+
+
+def drop_launches_without_adjoint(tape: Any) -> None:
+    """Take the launches of kernels compiled with ``enable_backward=False`` off ``tape``: its
+    backward would skip them anyway, warning each time (call once they are known to write
+    nothing a gradient passes through)."""
+    tape.launches = [
+        entry
+        for entry in tape.launches
+        if not (isinstance(entry, (list, tuple)) and entry and isinstance(entry[0], wp.Kernel))
+        or entry[0].options.get("enable_backward", entry[0].module.options.get("enable_backward", True))
+    ]
 
 
 def _launch_arrays(args: list, fields: list) -> list:
