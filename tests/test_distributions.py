@@ -4,7 +4,6 @@ and in bounded time on the inputs that used to blow up a bounding-box grid."""
 
 import importlib.util
 import os
-import time
 
 import points_reference as ref_ops
 import pytest
@@ -70,33 +69,14 @@ def test_aggregations_and_gradients_are_exact(name, tree_build):
             torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize(
-    "name", ["one far outlier", "points along a line", "lidar rings + 20 far", "duplicated points"]
-)
-def test_bounded_time_where_a_grid_blew_up(name):
-    """100,000 points, 20,000 queries: seconds to minutes on the old bounding-box grid; a
-    kd-tree has the same depth on any data. Generous limit (a loaded CI machine), far below
-    the old times (2 s to 123 s)."""
-    r, q = (torch.from_numpy(a) for a in D.make(name, 100_000))
-    f = torch.randn(len(r), 8)
-    wb.ops.knn(q[:100], r, 7)  # compile outside the clock
-    t = time.perf_counter()
-    wb.ops.knn(q, r, 7)
-    wb.ops.radius_aggregate(q, r, f, float(torch.cdist(q[:200], r).kthvalue(32, dim=1).values.median()), 0.1)
-    assert time.perf_counter() - t < 1.5
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_bounded_time_on_copies_of_one_point(dtype):
+def test_copies_of_one_point_give_the_smallest_indices(dtype):
     """kNN over 200,000 copies of one point with 20,000 queries on it: every distance is 0 and
-    the ties go to the smallest indices, so the index bound prunes every other node. It used
-    to scan all the copies for each query (4e9 distances: seconds to minutes)."""
+    the ties go to the smallest indices. (It used to scan all the copies for each query: the
+    time this takes, with the grids' worst distributions, is ``benchmarks/distributions.py
+    --bounded``, target 1.5 s.)"""
     r = torch.full((200_000, 3), 0.25, dtype=dtype)
-    q = r[:20_000].clone()
-    wb.ops.knn(q[:10], r, 7)  # compile outside the clock
-    t = time.perf_counter()
-    d, i = wb.ops.knn(q, r, 7)
-    assert time.perf_counter() - t < 1.5
+    d, i = wb.ops.knn(r[:20_000].clone(), r, 7)
     assert (d == 0).all() and (i == torch.arange(7)).all()
 
 
