@@ -13,8 +13,14 @@ step): ``radius_graph`` and ``knn_graph`` against the dense PyTorch a user would
 small graphs, medians of rounds of 100 calls); peak memory is the process's peak RSS above its
 level before the call (Linux).
 
+Past 2^28 edges (--huge): a (2, E) int64 edge array's row stride no longer fits Warp's 32-bit
+descriptor there (the list ops crashed). ``radius_graph`` of 16 385 points all within the radius
+of each other, loops kept (2^28 + 2^15 + 1 edges), and ``knn_graph`` of 2^22 + 1 points with
+k = 64 (2^28 + 64 edges): the time, the peak RSS, and a check of the first and last rows.
+
 Usage: python benchmarks/lists.py [--sizes 10000,100000] [--quick] [--graph-points 1000000]
        -> table + benchmarks/results/lists-<machine>.json
+       python benchmarks/lists.py --huge   -> table + benchmarks/results/lists-huge-<machine>.json
 """
 
 from __future__ import annotations
@@ -164,13 +170,58 @@ def _small_graph(pos: torch.Tensor, rounds: int) -> list:
     return rows
 
 
+def huge_rows() -> list[dict]:
+    """The two graphs past 2^28 edges, checked: every row is a query's true neighbours."""
+    import resource
+
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    n = 16385
+    x = torch.rand(n, 3, generator=g) * 0.01
+    t = time.perf_counter()
+    e = wb.ops.radius_graph(x, 1.0, loop=True)
+    seconds = time.perf_counter() - t
+    every = torch.arange(n)
+    right = all(torch.equal(e[1, s * n : (s + 1) * n], torch.full((n,), s)) for s in (0, n - 1))
+    right &= all(torch.equal(e[0, s * n : (s + 1) * n].sort().values, every) for s in (0, n - 1))
+    rows.append({"graph": "radius_graph, 16 385 points, all within r", "edges": int(e.shape[1]), "seconds": seconds,
+                 "right": bool(right)})  # fmt: skip
+    del e
+    n, k = (1 << 22) + 1, 64
+    x = torch.rand(n, 3, generator=g)
+    t = time.perf_counter()
+    e = wb.ops.knn_graph(x, k)
+    seconds = time.perf_counter() - t
+    d = (x[e[0, -k:]] - x[n - 1]).norm(dim=1).sort().values
+    full = (x - x[n - 1]).norm(dim=1)
+    full[n - 1] = float("inf")
+    right = torch.equal(e[1, -k:], torch.full((k,), n - 1)) and torch.equal(d, full.topk(k, largest=False).values)
+    rows.append({"graph": "knn_graph, 2^22 + 1 points, k = 64", "edges": int(e.shape[1]), "seconds": seconds,
+                 "right": bool(right)})  # fmt: skip
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    for row in rows:
+        row["process_peak_gib"] = peak
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="10000,100000")
     p.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
     p.add_argument("--graph-points", type=int, default=1_000_000)
+    p.add_argument("--huge", action="store_true", help="radius_graph and knn_graph past 2^28 edges")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     args = p.parse_args()
+    if args.huge:
+        rows = huge_rows()
+        for row in rows:
+            print(f"{row['graph']:44s} {row['edges']:>13,d} edges {row['seconds']:7.1f} s  right: {row['right']}")
+        meta = {"date": date.today().isoformat(), "device": platform.machine(), "cpu_count": os.cpu_count()}
+        path = os.path.join(args.out, f"lists-huge-{platform.machine()}-{os.cpu_count()}cpu.json")
+        with open(path, "w") as fh:
+            json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+        print(f"peak RSS of the process: {rows[-1]['process_peak_gib']:.1f} GiB\n-> {path}")
+        return
     repeat = 3 if args.quick else 7
     t0 = time.perf_counter()
     rows = []

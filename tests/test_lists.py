@@ -391,3 +391,24 @@ def test_float32_lists_at_extreme_scales_match_a_float64_reference(scale):
         torch.testing.assert_close(nb.distance[nb.ptr[i] : nb.ptr[i + 1]].double(), d[i, row], rtol=1e-6, atol=0)
     capped = wb.ops.radius(q, r, radius, max_neighbors=3)
     assert all(row[:3] == expected[:3] for row, expected in zip(rows_of(capped), got))
+
+
+def test_edge_rows_keep_their_strides_past_32_bits():
+    """A (2, E) int64 edge array's row stride is 8 E bytes: from E = 2^28 on it no longer fits
+    the 32-bit strides of Warp's array descriptor (radius_graph and knn_graph crashed there).
+    The list kernels take rows 0 and 1 as two 1-D arrays, whose stride is 8 bytes. Checked on
+    the descriptors alone (no memory of that size is touched); the real size, 2^28 + 2^15 + 1
+    pairs, is a benchmark (``benchmarks/lists.py --huge``)."""
+    from warpbridge.ops import _tree
+    from warpbridge.ops._declared_lists import edge_rows
+
+    e = (1 << 28) + 1
+    base = 1 << 20  # a made-up address: only descriptors are built
+    edges = wp.array(ptr=base, dtype=wp.int64, shape=(2, e), strides=(8 * e, 8), device="cpu")
+    sources, targets = edge_rows(edges)
+    assert (sources.ptr, targets.ptr) == (base, base + 8 * e)
+    assert sources.shape == targets.shape == (e,) and sources.strides == targets.strides == (8,)
+    k = _tree.kernels_for("float32", wp.get_device("cpu"))
+    for name in ("radius_fill", "knn_edges", "list_backward"):
+        args = {a.label: a.type for a in getattr(k, name).adj.args}
+        assert "edges" not in args and args["sources"].ndim == 1, name

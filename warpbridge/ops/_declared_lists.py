@@ -42,11 +42,27 @@ def _count(k, query, ref, batch, radius, cap, skip_self, count, ptr, order, quer
     _declared.launch(k.list_offsets, 1, [count, cap], [ptr], device)
 
 
+def edge_rows(edges: wp.array) -> list:
+    """Rows 0 and 1 of a (2, E) edge array as two 1-D arrays. Warp's array descriptor holds
+    32-bit strides: the 2-D array's row stride (8 E bytes) wraps negative from E = 2^28 on,
+    and a kernel writing row 1 through it writes elsewhere (a crash)."""
+    return [
+        wp.array(
+            ptr=edges.ptr + row * edges.strides[0],
+            dtype=edges.dtype,
+            shape=(edges.shape[1],),
+            strides=(edges.strides[1],),
+            device=edges.device,
+        )  # fmt: skip
+        for row in (0, 1)
+    ]
+
+
 def _fill(k, query, ref, batch, ptr, order, queries, listed, radius, skip_self, cap, edges, distance):
     forest = None if batch is None else batch[0]
     tree = _tree.tree_struct(k, _tree.tree_of_order(k, ref, order, forest), batch)
     before = [query, tree, radius, skip_self, cap, ptr, listed, queries]
-    _declared.launch(k.radius_fill, query.shape[0], before, [edges, distance], query.device)
+    _declared.launch(k.radius_fill, query.shape[0], before, [*edge_rows(edges), distance], query.device)
 
 
 def _knn_graph(k, x, batch, kk, skip_self, edges):
@@ -56,7 +72,7 @@ def _knn_graph(k, x, batch, kk, skip_self, edges):
     dist = wp.empty((m, found), dtype=k.T, device=device)
     idx = wp.empty((m, found), dtype=wp.int64, device=device)
     _declared.knn_forward(k, x, x, found, dist, idx, wp.empty(m, dtype=wp.int32, device=device), batch)
-    _declared.launch(k.knn_edges, m, [idx, kk, skip_self], [edges], device)
+    _declared.launch(k.knn_edges, m, [idx, kk, skip_self], edge_rows(edges), device)
 
 
 @functools.cache
@@ -96,7 +112,7 @@ def declared(dtype: str, dim: int = 3) -> dict:
         adj_distance: wp.array(dtype=T), adj_query: Points, adj_ref: Points, *, needs_input_grad,
     ):  # fmt: skip
         k = kernels(query.device)
-        rows = [query, ref, edges, ptr, adj_distance]
+        rows = [query, ref, edge_rows(edges)[0], ptr, adj_distance]
         _declared.distance_backward(k, k.list_backward, rows, queries, adj_query, adj_ref, needs_input_grad)
 
     def knn_graph(x: Points, batch: Batch, k: int, skip_self: int, edges: Edges):

@@ -212,16 +212,19 @@ def radius_fill(
     queries: wp.array(dtype=wp.int32),
     stride: int,
     offset: int,
-    edges: wp.array2d(dtype=wp.int64),
+    sources: wp.array(dtype=wp.int64),
+    targets: wp.array(dtype=wp.int64),
     distance: wp.array(dtype=T),
 ):
     # Query i's row [ptr[i], ptr[i + 1]): its closest neighbours j, ascending (distance, j),
-    # as edges (j, i): edges[0] the neighbours, edges[1] the query (PyG's source and target).
+    # as edges (j, i): sources the neighbours, targets the query (PyG's rows 0 and 1 of the
+    # edge array, passed as two 1-D arrays: the 2-D array's row stride passes Warp's 32-bit
+    # strides from 2^28 edges on).
     i = query_at(wp.tid() * stride + offset, queries)
     q = query[i]
     s, room = int(ptr[i]), int(ptr[i + 1] - ptr[i])
     reach = sq_bound(radius)
-    index = edges[0]
+    index = sources
     size = room
     kept = room
     go_on = wp.vec3i(0, 0, 0)
@@ -238,14 +241,14 @@ def radius_fill(
         size = walk_row(q, tree, c, reach, radius, skip_self, i, room < cap, s, room, 0, start, distance, index)
     sort_row(distance, index, s, size)
     for e in range(s, s + room):
-        edges[1, e] = wp.int64(i)
+        targets[e] = wp.int64(i)
 
 
 @kernel
 def list_backward(
     query: wp.array(dtype=V),
     ref: wp.array(dtype=V),
-    edges: wp.array2d(dtype=wp.int64),
+    sources: wp.array(dtype=wp.int64),
     ptr: wp.array(dtype=wp.int64),
     grad: wp.array(dtype=T),
     needs: int,
@@ -259,7 +262,7 @@ def list_backward(
     q = query[i]
     dq = V(T(0.0))
     for e in range(int(ptr[i]), int(ptr[i + 1])):
-        j = int(edges[0, e])
+        j = int(sources[e])
         dq += pull_on_distance(grads, (needs & REF) != 0, slot, q, ref[j], j, grad[e])
     if (needs & QUERY) != 0:
         grads.d_query[i] = dq
@@ -267,7 +270,13 @@ def list_backward(
 
 @kernel
 def knn_edges(
-    idx: wp.array2d(dtype=wp.int64), k: int, skip_self: int, stride: int, offset: int, edges: wp.array2d(dtype=wp.int64)
+    idx: wp.array2d(dtype=wp.int64),
+    k: int,
+    skip_self: int,
+    stride: int,
+    offset: int,
+    sources: wp.array(dtype=wp.int64),
+    targets: wp.array(dtype=wp.int64),
 ):
     # Query i's k nearest as edges (j, i) at i * k onwards, j == i left out with skip_self
     # (the search found k + 1 then); -1 where there are fewer (a point that is not finite).
@@ -276,9 +285,9 @@ def knn_edges(
     for c in range(idx.shape[1]):
         j = idx[i, c]
         if n < k and j >= wp.int64(0) and (skip_self == 0 or j != wp.int64(i)):
-            edges[0, i * k + n] = j
-            edges[1, i * k + n] = wp.int64(i)
+            sources[i * k + n] = j
+            targets[i * k + n] = wp.int64(i)
             n += 1
     for c in range(n, k):
-        edges[0, i * k + c] = wp.int64(-1)
-        edges[1, i * k + c] = wp.int64(i)
+        sources[i * k + c] = wp.int64(-1)
+        targets[i * k + c] = wp.int64(i)
