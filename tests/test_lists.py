@@ -222,8 +222,14 @@ def test_callers_tensors_are_not_modified():
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda q, r: wb.ops.radius(q, r, 0.1, max_neighbors=0), "'max_neighbors' must be None or a positive int"),
-        (lambda q, r: wb.ops.radius(q, r, 0.1, max_neighbors=2.5), "'max_neighbors' must be None or a positive int"),
+        (
+            lambda q, r: wb.ops.radius(q, r, 0.1, max_neighbors=0),
+            r"'max_neighbors' must be None \(no cap\) or a positive int",
+        ),
+        (
+            lambda q, r: wb.ops.radius(q, r, 0.1, max_neighbors=2.5),
+            r"'max_neighbors' must be None \(no cap\) or a positive int",
+        ),
         (lambda q, r: wb.ops.radius(q, r, 0.1, loop=1), "'loop' must be True or False"),
         (lambda q, r: wb.ops.radius(q, r, -1.0), "'radius' must be positive"),
         (lambda q, r: wb.ops.radius(q, r[:, :2], 0.1), "'ref' has 2 coordinates per point but 'query' has 3"),

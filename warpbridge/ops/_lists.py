@@ -167,11 +167,12 @@ def _too_many(op: str, n_pairs: int) -> Exception:
 
 
 def _cap(op: str, max_neighbors: Any) -> int:
+    """The cap on a row; one no row can reach (``2**31``, ``sys.maxsize``) is no cap."""
     if max_neighbors is None:
         return _declared_lists.NO_CAP
     if isinstance(max_neighbors, bool) or not isinstance(max_neighbors, numbers.Integral) or max_neighbors < 1:
-        raise fail(op, f"'max_neighbors' must be None or a positive int, got {describe(max_neighbors)}")
-    return int(max_neighbors)
+        raise fail(op, f"'max_neighbors' must be None (no cap) or a positive int, got {describe(max_neighbors)}")
+    return min(int(max_neighbors), _declared_lists.NO_CAP)
 
 
 def _skip_self(op: str, loop: Any) -> int:
