@@ -371,10 +371,12 @@ class WarpOp:
         elif len(inner) == 2:
             element = wp.types.matrix(inner, scalar)
         kernel = self.sig.kernel
-        overload = bind_generic(kernel, element, scalar)
-        problem = warp_runtime.codegen_error(overload)
+        with warp_runtime.LOAD_LOCK:  # a new overload changes its module: not while another thread loads it
+            overload = bind_generic(kernel, element, scalar)
+            problem = warp_runtime.codegen_error(overload)
+            if problem is not None:
+                warp_runtime.drop_overload(kernel, overload)  # or it fails every later load of its module
         if problem is not None:
-            warp_runtime.drop_overload(kernel, overload)  # or it fails every later load of its module
             raise fail(
                 self.name,
                 f"the generic kernel '{kernel.key}' bound with Any = {wp.types.type_repr(element)} (from argument "

@@ -5,10 +5,10 @@ float32."""
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 import struct
+import threading
 import types
 from typing import Any
 
@@ -123,9 +123,21 @@ def ops_for(dtype: str, dim: int = 3) -> Any:
     return _DECLARED[dtype] if dim == 3 else _other_dims(dtype, dim)
 
 
-@functools.cache
+_OTHER_DIMS: dict[tuple[str, int], Any] = {}
+_OTHER_DIMS_LOCK = threading.Lock()
+
+
 def _other_dims(dtype: str, dim: int) -> Any:
-    return declare_both(f"{dtype}_{dim}d", {**_declared.declared(dtype, dim), **_declared_lists.declared(dtype, dim)})
+    """The ops for ``dim``-D points, declared once: threads asking at once get the same ops
+    (two declarations would register two ops under one name)."""
+    found = _OTHER_DIMS.get((dtype, dim))
+    if found is None:
+        with _OTHER_DIMS_LOCK:
+            found = _OTHER_DIMS.get((dtype, dim))
+            if found is None:
+                ops = {**_declared.declared(dtype, dim), **_declared_lists.declared(dtype, dim)}
+                found = _OTHER_DIMS[(dtype, dim)] = declare_both(f"{dtype}_{dim}d", ops)
+    return found
 
 
 def positive(op: str, name: str, value: Any, dtype: str) -> float:
