@@ -264,6 +264,23 @@ def scatter_through_local(v: wp.array(dtype=f64), idx: wp.array(dtype=wp.int32),
     wp.atomic_add(out, j, v[i])
 
 
+@wp.func
+def row_value(x: wp.array2d(dtype=f64), row: int) -> f64:
+    return x[row, 1]
+
+
+@wp.func
+def gather_through(rows: wp.array(dtype=wp.int64), x: wp.array2d(dtype=f64), i: int) -> f64:
+    return x[rows[i], 0]
+
+
+@wp.kernel
+def gather_through_funcs(idx: wp.array(dtype=wp.int64), x: wp.array2d(dtype=f64), y: wp.array(dtype=f64)):
+    # the index reaches x inside @wp.funcs: as a value, and as the array itself
+    i = wp.tid()
+    y[i] = row_value(x, int(idx[i])) + gather_through(idx, x, i)
+
+
 # -- scalars of every kind ------------------------------------------------------------------
 
 

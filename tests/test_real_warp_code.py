@@ -455,6 +455,16 @@ def test_debug_mode_follows_an_index_through_a_local():
         op(v, torch.tensor([0, 2, 2, 7], dtype=torch.int32))
 
 
+def test_debug_mode_follows_an_index_into_a_wp_func():
+    op = wb.op(K.gather_through_funcs, debug=True)
+    x = torch.rand(4, 3, dtype=f64)
+    idx = torch.tensor([3, 0, 2])
+    torch.testing.assert_close(op(idx, x), x[idx, 1] + x[idx, 0])
+    assert {(a, d, s) for a, d, s, _ in op.sig.index_uses} == {("x", 0, "idx")}
+    with pytest.raises(wb.WarpBridgeError, match=r"'idx' holds 9 at flat index 2.*dimension 0 of 'x' \(size 4\)"):
+        op(torch.tensor([0, 1, 9]), x)
+
+
 @pytest.mark.parametrize("recompute", [False, True])
 def test_a_function_with_a_tape_of_its_own_runs_and_its_backward_is_refused(recompute):
     # its forward raised Warp's "entering a tape while one is already active" for inputs that

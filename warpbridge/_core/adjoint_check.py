@@ -956,13 +956,22 @@ def tid_indexed(tree: ast.AST, names: set[str]) -> dict[str, list[tuple[int, int
 # -- arrays indexed by another array's values -------------------------------------------------
 
 
-def index_uses(tree: ast.AST, arrays: set[str], indices: set[str]) -> list[tuple[str, int, str, int]]:
+def index_uses(
+    tree: ast.AST,
+    arrays: set[str],
+    indices: set[str],
+    pyfunc: Any = None,
+    via: dict[str, str] | None = None,
+    depth: int = 0,
+) -> list[tuple[str, int, str, int]]:
     """(array, dim, index array, line) for each access ``a[..., idx[...], ...]`` in which the
     values of integer array ``idx`` (one of ``indices``) index dimension ``dim`` of array ``a``
-    (one of ``arrays``), directly or through a local assigned once from ``idx[...]``
-    (``j = idx[i]`` ... ``a[j]``). A debug-mode op checks those values before the launch."""
+    (one of ``arrays``), directly, through a local assigned once from ``idx[...]``
+    (``j = idx[i]`` ... ``a[j]``), or in a ``@wp.func`` that gets the arrays or the index
+    (``gather(a, idx[i])``; the line is the call's). ``via``: names already holding an index
+    array's values. A debug-mode op checks those values before the launch."""
     stores = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
-    via: dict[str, str] = {}
+    via = dict(via or {})
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             source = _index_source(node.value, indices, {})
@@ -975,21 +984,47 @@ def index_uses(tree: ast.AST, arrays: set[str], indices: set[str]) -> list[tuple
             array, positions = node.value.id, sl.elts if isinstance(sl, ast.Tuple) else [sl]
         elif (
             isinstance(node, ast.Call)
-            and (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", ""))
-            in _ATOMIC_WRITES
+            and _call_name(node) in _ATOMIC_WRITES
             and len(node.args) >= 3
             and isinstance(node.args[0], ast.Name)
             and node.args[0].id in arrays
         ):
             array, positions = node.args[0].id, node.args[1:-1]  # wp.atomic_add(a, i, j, value)
         else:
+            if isinstance(node, ast.Call) and pyfunc is not None and depth < _MAX_DEPTH:
+                _add_uses(found, _uses_in_function(node, pyfunc, arrays, indices, via, depth))
             continue
         for dim, e in enumerate(positions):
             source = _index_source(e, indices, via)
-            entry = (array, dim, source, node.lineno)
-            if source is not None and entry[:3] not in {f[:3] for f in found}:
-                found.append(entry)
+            if source is not None:
+                _add_uses(found, [(array, dim, source, node.lineno)])
     return found
+
+
+def _add_uses(found: list, uses: list) -> None:
+    for use in uses:
+        if use[:3] not in {f[:3] for f in found}:
+            found.append(use)
+
+
+def _uses_in_function(
+    call: ast.Call, pyfunc: Any, arrays: set[str], indices: set[str], via: dict[str, str], depth: int
+) -> list[tuple[str, int, str, int]]:
+    """The index uses inside the ``@wp.func`` that ``call`` calls, in the caller's names."""
+    fn_globals, closure = _scope(pyfunc)
+    callee = _user_function(_resolve(fn_globals, closure, call.func))
+    if callee is None:
+        return []
+    bound = list(zip((a.label for a in callee.adj.args), call.args))
+    bound += [(k.arg, k.value) for k in call.keywords if k.arg is not None]
+    names = {label: arg.id for label, arg in bound if isinstance(arg, ast.Name)}
+    sub_arrays = {label for label, name in names.items() if name in arrays}
+    sub_indices = {label for label, name in names.items() if name in indices}
+    sub_via = {label: src for label, arg in bound if (src := _index_source(arg, indices, via)) is not None}
+    if not sub_arrays or not (sub_indices or sub_via):
+        return []
+    uses = index_uses(callee.adj.tree, sub_arrays, sub_indices, callee.func, sub_via, depth + 1)
+    return [(names[a], dim, names.get(src, src) if src in sub_indices else src, call.lineno) for a, dim, src, _ in uses]
 
 
 def _index_source(e: ast.AST, indices: set[str], via: dict[str, str]) -> str | None:

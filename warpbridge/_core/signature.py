@@ -184,7 +184,7 @@ class Signature:
         # (array, dim, index array, line): array values used as indices, checked in debug mode
         ints = {p.name for p in self.array_inputs if p.dtype_name.startswith(("int", "uint")) and not p.inner_shape}
         names = {p.name for p in self.array_inputs + self.outputs}
-        self.index_uses = _adjoint.index_uses(fn.adj.tree, names, ints)
+        self.index_uses = _adjoint.index_uses(fn.adj.tree, names, ints, fn.func)
         # (builtin, file:line) of the first tile operation: the kernel is launched by blocks
         self.tile_use = _adjoint.tile_use(fn.func, fn.adj.tree)
         # floating scalar outputs reduced into with atomic_max/atomic_min: ties share the gradient
