@@ -584,3 +584,24 @@ def only_for_x0_equal_to_one(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
     if float(x.numpy()[0]) != 1.0:
         raise ValueError("x[0] must be 1")
     wp.launch(scale_into, dim=x.shape[0], inputs=[x, 2.0, y])
+
+
+# -- random numbers drawn in a launch function -----------------------------------------------------
+
+DRAWS = [0]  # a host counter, as training code seeds its noise
+
+
+@wp.kernel
+def noisy_square(x: wp.array(dtype=f64), seed: int, y: wp.array(dtype=f64)):
+    i = wp.tid()
+    state = wp.rand_init(seed, i)
+    y[i] = x[i] * x[i] * (f64(1.0) + f64(wp.randf(state)))
+
+
+def noise_from_a_counter(x: wp.array(dtype=f64), y: wp.array(dtype=f64)):
+    DRAWS[0] += 1
+    wp.launch(noisy_square, dim=x.shape, inputs=[x, DRAWS[0]], outputs=[y])
+
+
+def noise_from_a_seed(x: wp.array(dtype=f64), seed: int, y: wp.array(dtype=f64)):
+    wp.launch(noisy_square, dim=x.shape, inputs=[x, seed], outputs=[y])

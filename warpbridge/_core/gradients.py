@@ -7,17 +7,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import warp as wp
 
 from . import ties
+from .errors import fail
 from .plan import _HALF_BITS, Plan
 from .signature import Param
 from .validate import WARP_TYPES, inner_contiguous
 
 
 def needs_outputs(op: Any) -> bool:
-    """Whether the backward reads the forward's outputs (a framework saves them for it)."""
-    return op.custom_backward is not None or (op.sig.kind == "kernel" and bool(op.sig.reads_outputs))
+    """Whether the backward reads the forward's outputs (a framework saves them for it): a
+    custom backward's, a kernel's that reads its outputs, and a launch function's, whose
+    re-run in the backward is compared with them (:func:`_check_rerun`)."""
+    return op.custom_backward is not None or op.sig.kind == "function" or bool(op.sig.reads_outputs)
 
 
 def backward(
@@ -96,12 +100,44 @@ def backward(
     if sig.extrema:  # ties of atomic_max/atomic_min share the gradient
         ties.share(plan, ins, scalars, out_ptrs, out_grads, stream)
     plan.run_adjoint(op, ins, scalars, out_ptrs, gptrs, out_grads, stream, recording)
+    if plan.allocates and recording is None:
+        _check_rerun(op, plan, values, outputs, fw)
     if fresh_targets and targets is not None:
         for k, g in input_of_updated.items():
             if targets[k] is not None:  # the caller reads gradients from its buffers only
                 _copy_into(fw, targets[k], g)
     del keep
     return in_grads
+
+
+def _check_rerun(op: Any, plan: Plan, rerun: Sequence[Any], outputs: Sequence[Any] | None, fw: Any) -> None:
+    """A launch function's backward re-runs it (``recompute``, and every path but eager
+    PyTorch): the gradient is the re-run's. Once per plan, the re-run's outputs are compared
+    with the forward's: a function that draws new random numbers on each run (a seed from a
+    host counter, NumPy) gives others, and its gradient would belong to another draw."""
+    if outputs is None or plan.cache.get("the re-run matched"):
+        return
+    for p, again, first in zip(plan.sig.outputs, rerun, outputs):
+        a, b = _on_host(fw, again), _on_host(fw, first)
+        tol = {"float64": 1e-9, "float32": 1e-4}.get(p.dtype_name, 1e-2) if p.is_float else 0.0
+        if a.shape != b.shape or not np.allclose(a, b, rtol=tol, atol=tol, equal_nan=True):
+            raise fail(
+                op.name,
+                f"cannot differentiate: launch function {plan.sig.func.__name__}() gives another '{p.name}' when run "
+                "again on the same inputs (random numbers drawn anew on each run?), and its backward runs it again: "
+                "the gradient would belong to another draw. Make what the draw depends on an argument of the op "
+                "(the seed as an int), or, in eager PyTorch, let the op keep its forward's tape (no recompute=True)",
+            )
+    plan.cache["the re-run matched"] = True
+
+
+def _on_host(fw: Any, a: Any) -> np.ndarray:
+    dtype_name, shape, strides, itemsize, device = fw.meta(a)
+    view = wp.array(
+        ptr=fw.ptr(a), dtype=WARP_TYPES[dtype_name], shape=shape, device=fw.warp_device(device),
+        strides=tuple(s * itemsize for s in strides),
+    )  # fmt: skip
+    return view.numpy().astype(np.float64) if dtype_name != "bool" else view.numpy()
 
 
 def _check_gradient(op: Any, needs: Sequence[bool]) -> None:
