@@ -310,3 +310,58 @@ def test_the_query_order_changes_no_result(monkeypatch):
         assert torch.equal(a, b)
     for a, b in zip(given_grads, morton_grads):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def _gradients(q, r, f, scale, dtype):
+    """d/dq, d/dr and d/df of each op's sum(out * w) for the cloud scaled by ``scale``."""
+    s = torch.tensor(scale, dtype=torch.float64)
+    qs, rs = ((q * s).to(dtype).requires_grad_(), (r * s).to(dtype).requires_grad_())
+    fs = f.to(dtype).requires_grad_()
+    found = {}
+    for name, fn in {
+        "radius_aggregate": lambda: wb.ops.radius_aggregate(qs, rs, fs, 50 * scale, 0.3 * scale),  # no pair near the cut
+        "knn_aggregate": lambda: wb.ops.knn_aggregate(qs, rs, fs, 5, 0.3 * scale),
+        "knn": lambda: wb.ops.knn(qs, rs, 5)[0],
+        "radius": lambda: wb.ops.radius(qs, rs, 50 * scale).distance,
+    }.items():
+        out = fn()
+        w = torch.linspace(0.5, 1.5, out.numel(), dtype=out.dtype).reshape(out.shape)
+        found[name] = [t.double() for t in torch.autograd.grad((out * w).sum(), (qs, rs, fs), allow_unused=True)
+                       if t is not None]  # fmt: skip
+    return found
+
+
+@pytest.mark.parametrize(
+    ("dtype", "scale"),
+    [(torch.float32, 1e-20), (torch.float32, 1e-37), (torch.float64, 1e-155), (torch.float64, 1e-300),
+     (torch.bfloat16, 1e-30)],
+)  # fmt: skip
+def test_gradients_at_tiny_scales_are_the_unit_scale_ones_scaled(dtype, scale):
+    """Points and sigma scaled together: an aggregation's gradient w.r.t. the points is the
+    unit-scale one divided by the scale, a distance's is the same unit vectors; both finite
+    wherever that fits the dtype (1 / (sigma d) overflowed from 1e-20 in float32)."""
+    g = torch.Generator().manual_seed(5)
+    r = torch.randn(200, 3, generator=g, dtype=torch.float64)
+    q = torch.randn(40, 3, generator=g, dtype=torch.float64)
+    f = torch.randn(200, 2, generator=g, dtype=torch.float64)
+    unit, tiny = _gradients(q, r, f, 1.0, torch.float64), _gradients(q, r, f, scale, dtype)
+    tol = {torch.float64: 1e-6, torch.float32: 2e-3, torch.bfloat16: 5e-2}[dtype]
+    for name, grads in tiny.items():
+        for k, (a, b) in enumerate(zip(grads, unit[name])):
+            assert torch.isfinite(a).all(), (name, k)
+            points = k < 2 and name.endswith("aggregate")
+            expect = b / scale if points else b
+            err = float((a - expect).abs().max() / expect.abs().max())
+            assert err < tol, (name, k, err)
+
+
+@pytest.mark.parametrize(("dtype", "scale"), [(torch.float32, 1e-40), (torch.float64, 1e-310)])
+def test_distance_gradients_of_subnormal_points_are_unit_vectors(dtype, scale):
+    g = torch.Generator().manual_seed(6)
+    r = (torch.rand(50, 3, generator=g, dtype=torch.float64) * scale).to(dtype)
+    q = (torch.rand(10, 3, generator=g, dtype=torch.float64) * scale).to(dtype).requires_grad_()
+    d, _ = wb.ops.knn(q, r, 1)
+    (grad,) = torch.autograd.grad(d.sum(), q)
+    assert torch.isfinite(grad).all()
+    lengths = grad.double().norm(dim=1)
+    assert ((lengths - 1).abs() < 0.2).all(), lengths  # a unit vector, within subnormal rounding

@@ -40,6 +40,16 @@ def norm(v: V) -> T:
 
 
 @func
+def unit_of(diff: V, d: T) -> V:
+    # diff / d for d = norm(diff): the direction, of length 1 at any scale d has (subnormal
+    # included), 0 where d is 0.
+    u = V(T(0.0))
+    if d > T(0.0):
+        u = diff / d
+    return u
+
+
+@func
 def box_distance(q: V, lo: V, hi: V) -> T:
     # Per axis, the gap to [lo, hi] is at most |q - p| for any p inside, exactly (rounding is
     # monotone); so is the norm. An empty box (lo = +inf) is infinitely far.

@@ -10,7 +10,7 @@ import warp as wp
 
 from . import template
 from .dtypes import STACK, Grads, Nearest, Rows, T, Tree, V
-from .geometry import NORM_OF, cloud_of, norm, query_at
+from .geometry import NORM_OF, cloud_of, norm, query_at, unit_of
 from .rows import add_feature_row, feature_dot, pull_on_distance, row_dot, sub_from_ref
 from .template import kernel
 
@@ -289,7 +289,7 @@ def knn_aggregate_backward(
                     diff = q - ref[j]
                     d = norm(diff)
                     if d > T(0.0):
-                        v = diff * (p * (g_out - feature_dot(grad, i, features, j)) / (sigma * d))
+                        v = unit_of(diff, d) * (p * (g_out - feature_dot(grad, i, features, j)) / sigma)
                         dq += v
                         if (needs & REF) != 0:
                             sub_from_ref(grads, slot, j, v)

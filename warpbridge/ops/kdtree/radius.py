@@ -7,6 +7,10 @@ online softmax's shifted weights) and g_i = dL/dout_i:
     dL/dd_ij   = p_ij (g_i.out_i - g_i.f_j) / sigma      (the exponent's shift cancels)
     dd_ij/dq_i = (q_i - r_j) / d_ij = -dd_ij/dr_j         (taken as 0 where they coincide)
 
+The unit vector (q_i - r_j) / d_ij is formed first and then scaled by dL/dd_ij: the product
+1 / (sigma d_ij) overflows at scales the gradient itself fits (float32 points at 1e-20 with
+sigma in proportion).
+
 The backward starts with one pass over the queries (``radius_backward_query``). On the CPU
 that pass also adds the reference side into per-thread copies (the whole backward), or
 records the pairs for a pass over the references (``radius_backward_ref_pairs``); on CUDA a
@@ -19,7 +23,19 @@ from __future__ import annotations
 import warp as wp
 
 from .dtypes import Ball, Grads, Pairs, Rows, T, Tree, V
-from .geometry import after, ball_first, ball_next, cloud_of, finite, leaf_from, leaf_places, norm, query_at, sq_bound
+from .geometry import (
+    after,
+    ball_first,
+    ball_next,
+    cloud_of,
+    finite,
+    leaf_from,
+    leaf_places,
+    norm,
+    query_at,
+    sq_bound,
+    unit_of,
+)
 from .knn import FEATURES, QUERY, REF
 from .rows import add_feature_row, feature_dot, row_axpy, row_dot, row_scale, sub_from_ref
 from .template import func, kernel
@@ -103,22 +119,22 @@ def radius_forward(
 
 @func
 def backward_pair(
-    i: int, j: int, k: int, diff: V, d: T, nearest: T, inv: T, go: T, sigma: T,
+    i: int, j: int, k: int, unit: V, d: T, nearest: T, inv: T, go: T, sigma: T,
     features: Rows, grad: Rows, needs: int, slot: int, pairs: Pairs, grads: Grads,
 ) -> T:  # fmt: skip
-    # One pair (query i, reference j at distance d): returns c with dL/dq_i += c diff and
-    # dL/dr_j -= c diff. In the one pass, adds the reference side's terms into thread
-    # `slot`'s copy (slot 0: the gradients themselves); with a pair list, records the pair
-    # at place k.
+    # One pair (query i, reference j at distance d, unit = (q_i - r_j) / d): returns
+    # c = dL/dd with dL/dq_i += c unit and dL/dr_j -= c unit. In the one pass, adds the
+    # reference side's terms into thread `slot`'s copy (slot 0: the gradients themselves);
+    # with a pair list, records the pair at place k.
     p = wp.exp((nearest - d) / sigma) * inv
     c = T(0.0)
     if (needs & (QUERY | REF)) != 0 and d > T(0.0):
-        c = p * (go - feature_dot(grad, i, features, j)) / (sigma * d)
+        c = p * (go - feature_dot(grad, i, features, j)) / sigma
     if (needs & ONE_PASS) != 0:
         if (needs & FEATURES) != 0:
             add_feature_row(p, i, j, slot, 0, grad, grads)  # each thread its own copy: no atomics
         if (needs & REF) != 0:
-            sub_from_ref(grads, slot, j, diff * c)
+            sub_from_ref(grads, slot, j, unit * c)
     if pairs.query.shape[0] > 0:
         pairs.query[k] = i
         pairs.ref[k] = j
@@ -172,10 +188,10 @@ def radius_backward_query(
             s = ball.neighbours[i, c]
             c += 1
         diff = q - pts[s]
-        cd = backward_pair(
-            i, order[s], k, diff, norm(diff), nearest, inv, go, sigma, features, grad, needs, slot, pairs, grads
-        )
-        dq += diff * cd
+        d = norm(diff)
+        unit = unit_of(diff, d)
+        cd = backward_pair(i, order[s], k, unit, d, nearest, inv, go, sigma, features, grad, needs, slot, pairs, grads)
+        dq += unit * cd
         k += 1
         if not listed:
             at = ball_next(tree, cloud, q, reach, radius, wp.vec3i(at[0], s + 1, at[2]))
@@ -219,7 +235,7 @@ def radius_backward_ref(
             row_axpy(grads.d_features, j, p, grad, i, nf)
         if (needs & REF) != 0 and d > T(0.0):
             g_f = row_dot(grad, i, features, j, nf)
-            dr -= diff * (p * (grads.g_out[i] - g_f) / (sigma * d))
+            dr -= unit_of(diff, d) * (p * (grads.g_out[i] - g_f) / sigma)
         at = ball_next(tree, c, r, reach, radius, wp.vec3i(at[0], s + 1, at[2]))
     if (needs & REF) != 0:
         grads.d_ref[j] = dr
@@ -287,6 +303,7 @@ def radius_backward_ref_pairs(
         if (needs & FEATURES) != 0:
             row_axpy(grads.d_features, j, pairs.p[k], grad, i, nf)
         if (needs & REF) != 0:
-            dr -= (query[i] - r) * pairs.c[k]
+            diff = query[i] - r
+            dr -= unit_of(diff, norm(diff)) * pairs.c[k]
     if (needs & REF) != 0:
         grads.d_ref[j] = dr

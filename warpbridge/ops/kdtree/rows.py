@@ -10,7 +10,7 @@ from __future__ import annotations
 import warp as wp
 
 from .dtypes import V4, Grads, Rows, T, V
-from .geometry import norm
+from .geometry import norm, unit_of
 from .template import func
 
 
@@ -116,13 +116,15 @@ def sub_from_ref(grads: Grads, slot: int, j: int, v: V):
 
 @func
 def pull_on_distance(grads: Grads, needs_ref: bool, slot: int, q: V, r: V, j: int, g: T) -> V:
-    # The gradient g of the distance |q - r_j| w.r.t. q, returned: diff (g / d), 0 where they
-    # coincide; its opposite goes into r_j's gradient where asked (see sub_from_ref).
+    # The gradient g of the distance |q - r_j| w.r.t. q, returned: (diff / d) g, 0 where they
+    # coincide; its opposite goes into r_j's gradient where asked (see sub_from_ref). The unit
+    # vector first: g / d overflows where d is tiny or subnormal (an aggregation's g carries a
+    # 1 / sigma of the same scale), though the gradient itself fits.
     diff = q - r
     d = norm(diff)
     v = V(T(0.0))
     if d > T(0.0):
-        v = diff * (g / d)
+        v = unit_of(diff, d) * g
         if needs_ref:
             sub_from_ref(grads, slot, j, v)
     return v
