@@ -274,6 +274,28 @@ def test_compile_knn_graph_and_radius_lists_fullgraph():
             torch.testing.assert_close(a, b)
 
 
+@pytest.mark.compile
+def test_radius_lists_compile_once_without_fullgraph():
+    """Without fullgraph the lists break the graph where their length is read; no graph
+    compiles again for new sizes, a new radius or the library seeing another framework."""
+    from torch._dynamo.testing import CompileCounter
+
+    def model(x, r):
+        nb = wb.ops.radius(x, x, r, loop=False)
+        return nb.distance.sum() + wb.ops.radius_graph(x, r).shape[1]
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter, dynamic=True)
+    for i, (n, r) in enumerate([(100, 0.15), (130, 0.15), (160, 0.2), (190, 0.25)]):
+        x = cloud("uniform", n=n, seed=i, dtype=torch.float32)[0]
+        torch.testing.assert_close(compiled(x, r), model(x, r))
+        if i == 0:
+            frames = counter.frame_count
+            wb.ops.radius_graph(x.numpy(), r)  # another framework's backend, loaded or looked up
+    assert counter.frame_count == frames
+
+
 def test_check_op_on_the_list_ops():
     """The list ops are wb.op ops: finite differences on the distances, untouched inputs,
     torch.library.opcheck on their registered custom ops."""

@@ -29,6 +29,7 @@ class NumPyBackend(Backend):
     name = "numpy"
     array_name = "numpy.ndarray"
     default_device = "cpu"
+    array_modules = (np.ndarray.__module__,)
 
     def is_array(self, a: Any) -> bool:
         return isinstance(a, np.ndarray)

@@ -31,15 +31,36 @@ FROM_DLPACK = {
 }
 # Attributes of every op that a backend provides, by the framework providing them.
 OP_ATTRIBUTES = {"torch_op": "torch"}  # the registered torch.ops.warpbridge.<name>
-_LOADED: dict[str, Any] = {}  # a plain dict lookup, which torch.compile can trace (imports it cannot)
+
+
+class Table:
+    """A lookup table read and filled by attribute: torch.compile guards a read on that
+    attribute alone (a dict read on the dict's length, so each new entry would recompile
+    graphs), and traces setting one (which it cannot on a SimpleNamespace)."""
+
+
+_LOADED = Table()  # backends by framework name
+# Backends by the module of an array type: filled as types arrive, and with a backend's
+# array_modules when it loads (so a first call traced by torch.compile finds them).
+BY_MODULE = Table()
 
 
 def load(name: str) -> Any:
     """The backend of a framework (its adapter imported on first use)."""
-    b = _LOADED.get(name)
+    b = getattr(_LOADED, name, None)
     if b is None:
-        b = _LOADED[name] = _import(name).BACKEND
+        b = _import(name).BACKEND
+        for module in b.array_modules:
+            setattr(BY_MODULE, module, b)
+        setattr(_LOADED, name, b)
     return b
+
+
+def serves_module(module: str) -> bool:
+    """Whether :func:`for_arrays` gives every type of ``module`` one backend (it checks each
+    array of a module outside the frameworks on its own: DLPack producer or not)."""
+    top = module.partition(".")[0]
+    return ALIASES.get(top, top) in ADAPTERS
 
 
 def _import(name: str) -> Any:
@@ -62,7 +83,7 @@ def _import(name: str) -> Any:
 
 def loaded() -> list:
     """The backends of the frameworks the caller has imported (loading their adapters)."""
-    return [load(name) for name in ADAPTERS if name in _LOADED or (name != "dlpack" and name in sys.modules)]
+    return [load(name) for name in ADAPTERS if hasattr(_LOADED, name) or (name != "dlpack" and name in sys.modules)]
 
 
 def for_arrays(op_name: str, named: Any) -> Any:

@@ -35,7 +35,6 @@ from . import warp_runtime
 from .errors import WarpBridgeError, fail
 from .signature import GENERIC, Signature, bind_generic
 
-_BY_TYPE: dict[type, Any] = {}  # array type -> backend, filled on first sight
 # Plans are cheap to rebuild (~50 us) but eager shapes can vary without end (a new batch size
 # every step): past this many, a cache starts over rather than grow for the life of the op.
 MAX_CACHED = 256
@@ -573,7 +572,7 @@ def _adapter(op: WarpOp, args: tuple) -> Any:
     for i in op._array_positions:
         if i >= len(args):
             break
-        m = _BY_TYPE.get(type(args[i]))
+        m = getattr(_frameworks.BY_MODULE, type(args[i]).__module__, None)
         if m is None or (mod is not None and m is not mod):
             return _find_adapter(op, args)
         mod = m
@@ -595,7 +594,7 @@ def backend_of(op_name: str, named: Sequence[tuple[str, Any, str]]) -> Any:
     words)), all from one framework: a dict lookup per array once their types are known."""
     found = None
     for _, a, _ in named:
-        m = _BY_TYPE.get(type(a))
+        m = getattr(_frameworks.BY_MODULE, type(a).__module__, None)
         if m is None or (found is not None and m is not found):
             found = None
             break
@@ -603,7 +602,8 @@ def backend_of(op_name: str, named: Sequence[tuple[str, Any, str]]) -> Any:
     if found is None:
         found = _frameworks.for_arrays(op_name, named)
         for _, a, _ in named:
-            _BY_TYPE[type(a)] = found
+            if _frameworks.serves_module(type(a).__module__):
+                setattr(_frameworks.BY_MODULE, type(a).__module__, found)
     return found
 
 

@@ -5,6 +5,7 @@ See ``docs/pyg.md`` for the conventions and what differs from ``torch_cluster``.
 
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import Any, NamedTuple
 
@@ -65,8 +66,9 @@ def radius(
         mean_dist = torch.segment_reduce(nb.distance, "mean", offsets=nb.ptr)
     """
     batch = {"query_batch": query_batch, "ref_batch": ref_batch}
-    edges, distance, ptr, count = _lists("radius", query, ref, radius, max_neighbors, loop, batch)
-    return Neighbors(edges[0], distance, ptr, count)
+    counted = _count("radius", query, ref, radius, max_neighbors, loop, batch)
+    edges, distance = _fill(counted, _pairs(counted))
+    return Neighbors(edges[0], distance, counted.ptr, counted.count)
 
 
 def radius_graph(x: Any, r: float, *, batch: Any = None, loop: bool = False, max_neighbors: int | None = None) -> Any:
@@ -89,7 +91,8 @@ def radius_graph(x: Any, r: float, *, batch: Any = None, loop: bool = False, max
 
         edge_index = wb.ops.radius_graph(pos, r=0.1)
     """
-    return _lists("radius_graph", x, x, r, max_neighbors, loop, {"batch": batch})[0]
+    counted = _count("radius_graph", x, x, r, max_neighbors, loop, {"batch": batch})
+    return _fill(counted, _pairs(counted))[0]
 
 
 def knn_graph(x: Any, k: int, *, batch: Any = None, loop: bool = False) -> Any:
@@ -131,9 +134,29 @@ def knn_graph(x: Any, k: int, *, batch: Any = None, loop: bool = False) -> Any:
     return declared_op(ops, op, clouds)(*args, *clouds, int(k), skip_self)
 
 
-def _lists(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any, batch: dict) -> tuple:
-    """(edges (2, E), distance, ptr, count) of the radius lists; ``batch``: the batch vectors
-    by name (query_batch and ref_batch, or a graph's one batch)."""
+class _Counted(NamedTuple):
+    """A radius list's first op done: what its second op takes, and the row offsets whose
+    last entry is the number of pairs."""
+
+    op: str
+    adapter: Any
+    args: list
+    clouds: list
+    ops: Any
+    half: Any
+    radius: float
+    cap: int
+    skip_self: int
+    count: Any
+    ptr: Any
+    order: Any
+    queries: Any
+    listed: Any
+
+
+def _count(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any, batch: dict) -> _Counted:
+    """The checks and the counting op of the radius lists; ``batch``: the batch vectors by name
+    (query_batch and ref_batch, or a graph's one batch)."""
     arrays = {"query": query, "ref": ref} if op == "radius" else {"x": query}
     a = adapter_of(op, arrays, batch)
     dtype = check_clouds(op, a, arrays)
@@ -145,17 +168,30 @@ def _lists(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any,
     args, ops, half = widen(op, a, arrays, dtype)
     args = args * 2 if len(args) == 1 else args
     count, ptr, order, queries, listed = declared_op(ops, "radius_count", clouds)(*args, *clouds, r, cap, skip_self)
+    return _Counted(op, a, args, clouds, ops, half, r, cap, skip_self, count, ptr, order, queries, listed)
+
+
+def _pairs(counted: _Counted) -> int:
+    """The number of pairs, read on the host (under ``torch.compile``, a symbolic size). Each
+    public function calls this itself: a compiler that breaks its graph there resumes in that
+    function, whose constants never change, rather than in a helper shared by both."""
     try:
-        n_pairs = a.int_at(ptr, -1, MAX_PAIRS, lambda n: _too_many(op, n))
+        return counted.adapter.int_at(counted.ptr, -1, MAX_PAIRS, functools.partial(_too_many, counted.op))
     except WarpBridgeError:
         raise
     except Exception as e:  # a tracer (jax.jit): the size of the result depends on the data
         raise fail(
-            op, f"the number of neighbour pairs depends on the data and cannot be read while tracing: {e}"
+            counted.op, f"the number of neighbour pairs depends on the data and cannot be read while tracing: {e}"
         ) from e
-    fill = declared_op(ops, "radius_list", clouds)
-    distance, edges = fill(*args, *clouds, ptr, order, queries, listed, r, skip_self, cap, n_pairs)
-    return edges, (a.cast(distance, half) if half else distance), ptr, count
+
+
+def _fill(c: _Counted, n_pairs: int) -> tuple:
+    """(edges (2, E), distance) of the radius lists."""
+    fill = declared_op(c.ops, "radius_list", c.clouds)
+    distance, edges = fill(
+        *c.args, *c.clouds, c.ptr, c.order, c.queries, c.listed, c.radius, c.skip_self, c.cap, n_pairs
+    )
+    return edges, (c.adapter.cast(distance, c.half) if c.half else distance)
 
 
 def _too_many(op: str, n_pairs: int) -> Exception:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import struct
 import threading
 import types
 from typing import Any
@@ -140,26 +139,27 @@ def _other_dims(dtype: str, dim: int) -> Any:
     return found
 
 
+# float32 rounds a double at or below this to 0, and one at or above _FLOAT32_INF to inf
+# (both ties to even); comparisons, unlike a struct round trip, trace under torch.compile.
+_FLOAT32_ZERO = 2.0**-150
+_FLOAT32_INF = float(2**128 - 2**103)
+
+
 def positive(op: str, name: str, value: Any, dtype: str) -> float:
     """A positive, finite number that stays so in the float type the op computes in (float32
     for float16/bfloat16/float32 inputs): ``sigma=1e-50`` is 0 in float32, and every weight NaN."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise fail(op, f"'{name}' must be a positive Python number, got {describe(value)}")
     v = float(value)
-    if not (math.isfinite(v) and v > 0):
+    if not 0 < v < math.inf:  # comparisons, not math.isfinite, trace with a symbolic float
         raise fail(op, f"'{name}' must be positive and finite, got {v!r}")
-    if dtype != "float64":
-        try:
-            single = struct.unpack("<f", struct.pack("<f", v))[0]
-        except OverflowError:
-            single = math.inf
-        if not (math.isfinite(single) and single > 0):
-            raise fail(
-                op,
-                f"'{name}' = {v!r} is {'0' if single == 0 else 'inf'} in float32, which {dtype} inputs are computed "
-                f"in (its positive values run from 1.4e-45 to 3.4e+38): pass a {name} in that range, or float64 "
-                "inputs",
-            )
+    if dtype != "float64" and not _FLOAT32_ZERO < v < _FLOAT32_INF:
+        raise fail(
+            op,
+            f"'{name}' = {v!r} is {'0' if v <= _FLOAT32_ZERO else 'inf'} in float32, which {dtype} inputs are computed "
+            f"in (its positive values run from 1.4e-45 to 3.4e+38): pass a {name} in that range, or float64 "
+            "inputs",
+        )
     return v
 
 

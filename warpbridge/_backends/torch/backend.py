@@ -81,6 +81,7 @@ class _Torch(Backend):
     name = "torch"
     array_name = "torch.Tensor"
     default_device = torch.device("cpu")
+    array_modules = (torch.Tensor.__module__, torch.nn.Parameter.__module__)
 
     @staticmethod
     def is_array(a: Any) -> bool:

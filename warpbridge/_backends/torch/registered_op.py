@@ -5,7 +5,7 @@ both, and ``register_autograd`` wiring. Their real implementations call the same
 ``_core.forward`` / ``_core.backward`` as the eager path. Schema (inputs in order, then the
 optional per-call dims)::
 
-    warpbridge::<name>(Tensor x, float s, SymInt[]? launch_dims=None, SymInt[]? dims_<out>=None, ...)
+    warpbridge::<name>(Tensor x, Scalar s, SymInt[]? launch_dims=None, SymInt[]? dims_<out>=None, ...)
 """
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ def _same(a: WarpOp, b: WarpOp) -> bool:
 
 
 def _scalar_schema(p: Any) -> str:
-    # SymInt, not int: under torch.compile(dynamic=True) an integer scalar that changes every
-    # step (a new wp.Mesh's or wp.HashGrid's id, a step count) stays symbolic instead of being
-    # specialised, which recompiled the graph for each value
-    base = "float" if p.is_float else ("bool" if p.dtype_name == "bool" else "SymInt")
-    return f"{base}[]" if p.inner_shape else base
+    # SymInt, not int, and Scalar, not float: under torch.compile(dynamic=True) a scalar that
+    # changes between calls (a new wp.Mesh's or wp.HashGrid's id, a step count, a radius) stays
+    # symbolic instead of being specialised, which recompiled the graph for each value
+    if p.inner_shape:
+        return "float[]" if p.is_float else ("bool[]" if p.dtype_name == "bool" else "SymInt[]")
+    return "Scalar" if p.is_float else ("bool" if p.dtype_name == "bool" else "SymInt")
 
 
 def _dims_names(op: WarpOp) -> list[str]:
