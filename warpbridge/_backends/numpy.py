@@ -29,7 +29,7 @@ class NumPyBackend(Backend):
     name = "numpy"
     array_name = "numpy.ndarray"
     default_device = "cpu"
-    array_modules = (np.ndarray.__module__,)
+    array_types = (np.ndarray,)
 
     def is_array(self, a: Any) -> bool:
         return isinstance(a, np.ndarray)

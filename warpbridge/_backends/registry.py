@@ -40,9 +40,12 @@ class Table:
 
 
 _LOADED = Table()  # backends by framework name
-# Backends by the module of an array type: filled as types arrive, and with a backend's
-# array_modules when it loads (so a first call traced by torch.compile finds them).
-BY_MODULE = Table()
+# (array type, its backend) by the type's __name__, filled as arrays arrive and when a backend
+# loads (so that a first call traced by torch.compile finds it). By name, not by type in a
+# dict, nor by module (Dynamo cannot read a Parameter's __module__ as a constant); a name two
+# frameworks share (NumPy's and CuPy's ndarray) keeps the first type, the other takes
+# for_arrays each time.
+BY_TYPE_NAME = Table()
 
 
 def load(name: str) -> Any:
@@ -50,17 +53,19 @@ def load(name: str) -> Any:
     b = getattr(_LOADED, name, None)
     if b is None:
         b = _import(name).BACKEND
-        for module in b.array_modules:
-            setattr(BY_MODULE, module, b)
+        for t in b.array_types:
+            remember(t, b)
         setattr(_LOADED, name, b)
     return b
 
 
-def serves_module(module: str) -> bool:
-    """Whether :func:`for_arrays` gives every type of ``module`` one backend (it checks each
-    array of a module outside the frameworks on its own: DLPack producer or not)."""
-    top = module.partition(".")[0]
-    return ALIASES.get(top, top) in ADAPTERS
+def remember(t: type, backend: Any) -> None:
+    """Serve arrays of type ``t`` by ``backend`` from now on, where :func:`for_arrays` gives
+    every array of ``t``'s package one backend (it checks each array of a package outside
+    the frameworks on its own: DLPack producer or not)."""
+    package = t.__module__.partition(".")[0]
+    if ALIASES.get(package, package) in ADAPTERS and not hasattr(BY_TYPE_NAME, t.__name__):
+        setattr(BY_TYPE_NAME, t.__name__, (t, backend))
 
 
 def _import(name: str) -> Any:

@@ -237,6 +237,16 @@ def _chart_sections(name: str, data: dict) -> dict | None:
             f"{case}, ms": {f"{pool} pool": row["ms"] for pool, row in pools.items()}
             for case, pools in data["median"].items()
         }
+    elif name.startswith("lists-huge"):
+        rows = data["rows"]
+        sections = {
+            "lists past 2^28 edges, seconds": {r["graph"]: r["seconds"] for r in rows},
+            "lists past 2^28 edges, process peak GiB": {r["graph"]: r["process_peak_gib"] for r in rows},
+        }
+    elif name.startswith("bounded"):
+        sections = {"bounded time, seconds": {r["workload"]: r["seconds"] for r in data["rows"]}}
+    elif name.startswith("interrupt"):
+        sections = {"Ctrl-C to exception, median seconds": {r["case"]: r["median_s"] for r in data["rows"]}}
     elif name.startswith(("distributions", "lists", "batches", "dimensions")):
         sections = _neighbour_sections(name, data)
     elif name.startswith("scale"):

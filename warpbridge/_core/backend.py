@@ -27,7 +27,7 @@ class Backend:
     name: str = "?"  # the key in _frameworks.ADAPTERS, op.states and plan.cache
     array_name: str = "array"  # in messages: "argument 'x' must be a <array_name>"
     default_device: Any = "cpu"  # where an op with no array input runs
-    array_modules: tuple[str, ...] = ()  # the modules of its array types (type(a).__module__)
+    array_types: tuple = ()  # its arrays' usual types, known to the registry when it loads
 
     # -- arrays: what validation (_validate.prepare) and the gradient rules (_gradients) use --
 

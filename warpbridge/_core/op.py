@@ -567,12 +567,15 @@ def _default_name(fn: Any) -> str:
 
 
 def _adapter(op: WarpOp, args: tuple) -> Any:
-    """The backend of the call's arrays (a dict lookup per array once their types are known)."""
+    """The backend of the call's arrays (an attribute read per array once their types are
+    known: see ``_frameworks.BY_TYPE_NAME``)."""
     mod = None
     for i in op._array_positions:
         if i >= len(args):
             break
-        m = getattr(_frameworks.BY_MODULE, type(args[i]).__module__, None)
+        t = type(args[i])
+        known = getattr(_frameworks.BY_TYPE_NAME, t.__name__, None)
+        m = known[1] if known is not None and known[0] is t else None
         if m is None or (mod is not None and m is not mod):
             return _find_adapter(op, args)
         mod = m
@@ -591,10 +594,11 @@ def loaded_backends() -> list:
 
 def backend_of(op_name: str, named: Sequence[tuple[str, Any, str]]) -> Any:
     """The backend serving the arrays ``named`` ((argument name, array, expected type in
-    words)), all from one framework: a dict lookup per array once their types are known."""
+    words)), all from one framework: an attribute read per array once their types are known."""
     found = None
     for _, a, _ in named:
-        m = getattr(_frameworks.BY_MODULE, type(a).__module__, None)
+        known = getattr(_frameworks.BY_TYPE_NAME, type(a).__name__, None)
+        m = known[1] if known is not None and known[0] is type(a) else None
         if m is None or (found is not None and m is not found):
             found = None
             break
@@ -602,8 +606,7 @@ def backend_of(op_name: str, named: Sequence[tuple[str, Any, str]]) -> Any:
     if found is None:
         found = _frameworks.for_arrays(op_name, named)
         for _, a, _ in named:
-            if _frameworks.serves_module(type(a).__module__):
-                setattr(_frameworks.BY_MODULE, type(a).__module__, found)
+            _frameworks.remember(type(a), found)
     return found
 
 

@@ -62,7 +62,9 @@ def _fill(k, query, ref, batch, ptr, order, queries, listed, radius, skip_self, 
     forest = None if batch is None else batch[0]
     tree = _tree.tree_struct(k, _tree.tree_of_order(k, ref, order, forest), batch)
     before = [query, tree, radius, skip_self, cap, ptr, listed, queries]
-    _declared.launch(k.radius_fill, query.shape[0], before, [*edge_rows(edges), distance], query.device)
+    sources, targets = edge_rows(edges)
+    filled = _declared.struct(k.Edges, sources=sources, targets=targets, distance=distance)
+    _declared.launch(k.radius_fill, query.shape[0], before, [filled], query.device)
 
 
 def _knn_graph(k, x, batch, kk, skip_self, edges):

@@ -81,7 +81,7 @@ class _Torch(Backend):
     name = "torch"
     array_name = "torch.Tensor"
     default_device = torch.device("cpu")
-    array_modules = (torch.Tensor.__module__, torch.nn.Parameter.__module__)
+    array_types = (torch.Tensor, torch.nn.Parameter)
 
     @staticmethod
     def is_array(a: Any) -> bool:

@@ -106,6 +106,14 @@ def gradient_structs(T: Any, V: Any, V4: Any, struct: Any) -> dict:
         p: wp.array(dtype=T)
         c: wp.array(dtype=T)
 
+    class Edges:
+        # A radius list being filled: edge e is (sources[e], targets[e]) at distance[e] (PyG's
+        # rows 0 and 1 of the edge array, as two 1-D arrays: the 2-D array's row stride
+        # passes Warp's 32-bit strides from 2^28 edges on).
+        sources: wp.array(dtype=wp.int64)
+        targets: wp.array(dtype=wp.int64)
+        distance: wp.array(dtype=T)
+
     class Grads:
         # The gradients a backward pass writes, the per-thread copies of the reference side
         # (ref_slots, feature_slots: thread t > 0 adds into copy t - 1), and g.out per query.
@@ -118,7 +126,10 @@ def gradient_structs(T: Any, V: Any, V4: Any, struct: Any) -> dict:
         feature_slots4: wp.array3d(dtype=V4)
         g_out: wp.array(dtype=T)
 
-    return {"Ball": struct(Ball), "Nearest": struct(Nearest), "Pairs": struct(Pairs), "Grads": struct(Grads)}
+    return {
+        "Ball": struct(Ball), "Nearest": struct(Nearest), "Pairs": struct(Pairs), "Edges": struct(Edges),
+        "Grads": struct(Grads),
+    }  # fmt: skip
 
 
 # The float32, 3-D names, for the modules' own annotations (the template rebinds them per
@@ -127,4 +138,4 @@ _FLOAT32 = names(wp.float32)
 T, DIM, V, V4, Sample, SampleAt, Item, Tree = (
     _FLOAT32[k] for k in ("T", "DIM", "V", "V4", "Sample", "SampleAt", "Item", "Tree")
 )
-Rows, Ball, Nearest, Pairs, Grads = (_FLOAT32[k] for k in ("Rows", "Ball", "Nearest", "Pairs", "Grads"))
+Rows, Ball, Nearest, Pairs, Edges, Grads = (_FLOAT32[k] for k in ("Rows", "Ball", "Nearest", "Pairs", "Edges", "Grads"))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import warp as wp
 
 from . import template
-from .dtypes import Grads, T, Tree, V
+from .dtypes import Edges, Grads, T, Tree, V
 from .geometry import BALL_WALK, NORM_OF, RESUMED, cloud_of, query_at, resumed, sq_bound
 from .knn import QUERY, REF
 from .rows import pull_on_distance
@@ -212,19 +212,16 @@ def radius_fill(
     queries: wp.array(dtype=wp.int32),
     stride: int,
     offset: int,
-    sources: wp.array(dtype=wp.int64),
-    targets: wp.array(dtype=wp.int64),
-    distance: wp.array(dtype=T),
+    edges: Edges,
 ):
     # Query i's row [ptr[i], ptr[i + 1]): its closest neighbours j, ascending (distance, j),
-    # as edges (j, i): sources the neighbours, targets the query (PyG's rows 0 and 1 of the
-    # edge array, passed as two 1-D arrays: the 2-D array's row stride passes Warp's 32-bit
-    # strides from 2^28 edges on).
+    # as edges (j, i): sources the neighbours, targets the query.
     i = query_at(wp.tid() * stride + offset, queries)
     q = query[i]
     s, room = int(ptr[i]), int(ptr[i + 1] - ptr[i])
     reach = sq_bound(radius)
-    index = sources
+    index = edges.sources
+    distance = edges.distance
     size = room
     kept = room
     go_on = wp.vec3i(0, 0, 0)
@@ -241,7 +238,7 @@ def radius_fill(
         size = walk_row(q, tree, c, reach, radius, skip_self, i, room < cap, s, room, 0, start, distance, index)
     sort_row(distance, index, s, size)
     for e in range(s, s + room):
-        targets[e] = wp.int64(i)
+        edges.targets[e] = wp.int64(i)
 
 
 @kernel
