@@ -30,8 +30,6 @@ def _point_module(dtype, dim=3):
 
 MODULES = {
     "points_float32": lambda: _point_module(wp.float32),
-    "points_float64": lambda: _point_module(wp.float64),
-    "points_float32_2d": lambda: _point_module(wp.float32, 2),
     "points_float64_16d": lambda: _point_module(wp.float64, 16),
     "tests/kernels": lambda: _load("tests/kernels.py", "kernels"),
     "tests/adjoint_kernels": lambda: _load("tests/adjoint_kernels.py", "adjoint_kernels"),
@@ -41,6 +39,7 @@ MODULES = {
     "benchmarks/_kernels": lambda: _load("benchmarks/_kernels.py", "_kernels"),
     "warpbridge/_cli/tutorial": lambda: _load("warpbridge/_cli/tutorial.py", "warpbridge._cli.tutorial"),
     "warpbridge/_core/fill_probe": lambda: importlib.import_module("warpbridge._core.fill_probe"),
+    "warpbridge/_core/compare_kernels": lambda: importlib.import_module("warpbridge._core.compare_kernels"),
 }
 
 

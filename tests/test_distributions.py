@@ -319,7 +319,9 @@ def _gradients(q, r, f, scale, dtype):
     fs = f.to(dtype).requires_grad_()
     found = {}
     for name, fn in {
-        "radius_aggregate": lambda: wb.ops.radius_aggregate(qs, rs, fs, 50 * scale, 0.3 * scale),  # no pair near the cut
+        "radius_aggregate": lambda: wb.ops.radius_aggregate(
+            qs, rs, fs, 50 * scale, 0.3 * scale
+        ),  # no pair near the cut
         "knn_aggregate": lambda: wb.ops.knn_aggregate(qs, rs, fs, 5, 0.3 * scale),
         "knn": lambda: wb.ops.knn(qs, rs, 5)[0],
         "radius": lambda: wb.ops.radius(qs, rs, 50 * scale).distance,

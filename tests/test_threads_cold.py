@@ -62,9 +62,9 @@ SCRIPT = textwrap.dedent(
 
 def test_first_calls_from_many_threads_at_once_in_fresh_processes(tmp_path):
     """The first process compiles into an empty kernel cache (where generic bindings of one
-    module raced: 38 of 39 runs failed, 9 of them a segfault), the others load from it."""
+    module raced: 38 of 39 runs failed, 9 of them a segfault), the second loads from it."""
     env = dict(os.environ, WARP_CACHE_PATH=str(tmp_path / "kernel-cache"))
-    for run in range(4):
+    for run in range(2):
         out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, env=env)
         assert out.returncode == 0, f"run {run}: exit {out.returncode}\n{out.stderr[-3000:]}"
         assert out.stdout.strip().splitlines()[-1] == "OK", out.stdout[-2000:]
