@@ -107,13 +107,13 @@ def our_loop(parts_t: list, backward: bool = False) -> None:
     for c in parts_t:
         if backward:
             c = c.detach().requires_grad_()
-        dist, _ = wb.ops.knn(c, c, K)
+        dist, _, _ = wb.ops.knn(c, c, K)
         if backward:
             dist.sum().backward()
 
 
 def check_same(x: torch.Tensor, batch: torch.Tensor, parts: list) -> None:
-    dist, _ = wb.ops.knn(x, x, K, query_batch=batch, ref_batch=batch)
+    dist, _, _ = wb.ops.knn(x, x, K, query_batch=batch, ref_batch=batch)
     theirs = np.concatenate([d for d, _ in pykdtree_loop(parts)])
     worst = float(np.abs(dist.numpy() - theirs).max())
     if worst > 1e-4 * float(theirs.max()):
@@ -126,7 +126,7 @@ def rows_for(parts: list, x: torch.Tensor, batch: torch.Tensor, repeat: int) -> 
     r = 1.0  # ~16 neighbours: each cloud's median 16th-neighbour distance (see _unit)
 
     def batched_backward() -> None:
-        dist, _ = wb.ops.knn(xg, xg, K, query_batch=batch, ref_batch=batch)
+        dist, _, _ = wb.ops.knn(xg, xg, K, query_batch=batch, ref_batch=batch)
         dist.sum().backward()
 
     cases = {

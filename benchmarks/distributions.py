@@ -261,7 +261,7 @@ def run_one(name: str, n: int, repeat: int) -> dict:
     row: dict = {"distribution": name, "n": n, "m": len(q), "radius": radius}
 
     # correctness first: distances against cKDTree, aggregations against each other
-    d_ours, _ = wb.ops.knn(qt, rt, K)
+    d_ours, _, _ = wb.ops.knn(qt, rt, K)
     d_ck, _ = ckdtree_knn(q, r)
     row["knn_max_abs_err"] = float(np.abs(d_ours.numpy() - d_ck).max())
     out = wb.ops.radius_aggregate(qt, rt, f, radius, sigma)
@@ -285,7 +285,7 @@ def self_one(name: str, n: int, repeat: int) -> dict:
     """kNN of the reference points among themselves (the same tensor as queries and points)."""
     r, _ = make(name, n)
     rt = torch.from_numpy(r)
-    d_ours, _ = wb.ops.knn(rt, rt, K)
+    d_ours, _, _ = wb.ops.knn(rt, rt, K)
     d_ck, _ = ckdtree_knn(r, r)
     row: dict = {"distribution": name, "n": n, "m": n, "knn_max_abs_err": float(np.abs(d_ours.numpy() - d_ck).max())}
     t = {"knn warpbridge": median_ms(lambda: wb.ops.knn(rt, rt, K), "cpu", repeat)}

@@ -55,7 +55,7 @@ SCRIPT = """
     except KeyboardInterrupt:
         print("interrupted", time.perf_counter() - sent[0])
     small = x[:500]
-    d, i = wb.ops.knn(small, small, 3)
+    d, i, _ = wb.ops.knn(small, small, 3)
     print("usable", bool((np.asarray(i)[:, 0] == np.arange(500)).all()))
 """
 

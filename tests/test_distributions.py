@@ -33,7 +33,7 @@ def dense_knn(q, r, k):
 @pytest.mark.parametrize("name", NAMES)
 def test_knn_is_exact(name, tree_build):
     r, q = cloud(name)
-    dist, idx = wb.ops.knn(q, r, 7)
+    dist, idx, _ = wb.ops.knn(q, r, 7)
     ref_idx = dense_knn(q, r, 7)
     # The same neighbours in the same order; exact ties (duplicated points) go to the smaller index.
     assert torch.equal(idx, ref_idx)
@@ -76,7 +76,7 @@ def test_copies_of_one_point_give_the_smallest_indices(dtype):
     time this takes, with the grids' worst distributions, is ``benchmarks/distributions.py
     --bounded``, target 1.5 s.)"""
     r = torch.full((200_000, 3), 0.25, dtype=dtype)
-    d, i = wb.ops.knn(r[:20_000].clone(), r, 7)
+    d, i, _ = wb.ops.knn(r[:20_000].clone(), r, 7)
     assert (d == 0).all() and (i == torch.arange(7)).all()
 
 
@@ -88,12 +88,12 @@ def test_huge_and_tiny_coordinates(dtype):
     r = torch.randn(400, 3, generator=g, dtype=torch.float64)
     q = torch.randn(60, 3, generator=g, dtype=torch.float64)
     f = torch.randn(400, 2, generator=g, dtype=torch.float64)
-    d0, i0 = wb.ops.knn(q, r, 5)
+    d0, i0, _ = wb.ops.knn(q, r, 5)
     out0 = wb.ops.radius_aggregate(q, r, f, 0.5, 0.3)
     for scale in (1e30, 1e-30):
         s = torch.tensor(scale, dtype=torch.float64)
         qs, rs = (q * s).to(dtype), (r * s).to(dtype)
-        d, i = wb.ops.knn(qs, rs, 5)
+        d, i, _ = wb.ops.knn(qs, rs, 5)
         assert torch.equal(i, i0)
         torch.testing.assert_close(d.double() / s, d0, rtol=1e-5, atol=0)
         out = wb.ops.radius_aggregate(qs, rs, f.to(dtype), 0.5 * scale, 0.3 * scale)
@@ -274,7 +274,7 @@ def test_a_self_join_goes_in_tree_order_and_changes_no_result(name, backward, mo
         took_tree_order.clear()
         p, fg = r.clone().requires_grad_(), f.clone().requires_grad_()
         q = p if same else p.clone()
-        d, i = wb.ops.knn(q, p, 6)
+        d, i, _ = wb.ops.knn(q, p, 6)
         out = wb.ops.radius_aggregate(q, p, fg, radius, radius / 2)
         agg = wb.ops.knn_aggregate(q, p, fg, 6, radius / 2)
         (d.sum() + (out * out).sum() + (agg * agg).sum()).backward()
@@ -300,7 +300,7 @@ def test_the_query_order_changes_no_result(monkeypatch):
     for minimum in (len(q) + 1, len(q)):  # the given order, then Morton order
         monkeypatch.setattr(_tree, "QUERY_ORDER_MIN", minimum)
         qg, rg, fg = (x.clone().requires_grad_() for x in (q, r, f))
-        d, i = wb.ops.knn(qg, rg, 6)
+        d, i, _ = wb.ops.knn(qg, rg, 6)
         out = wb.ops.radius_aggregate(qg, rg, fg, 0.3, 0.2)
         agg = wb.ops.knn_aggregate(qg, rg, fg, 6, 0.2)
         (d.sum() + (out * out).sum() + (agg * agg).sum()).backward()
@@ -362,7 +362,7 @@ def test_distance_gradients_of_subnormal_points_are_unit_vectors(dtype, scale):
     g = torch.Generator().manual_seed(6)
     r = (torch.rand(50, 3, generator=g, dtype=torch.float64) * scale).to(dtype)
     q = (torch.rand(10, 3, generator=g, dtype=torch.float64) * scale).to(dtype).requires_grad_()
-    d, _ = wb.ops.knn(q, r, 1)
+    d, _, _ = wb.ops.knn(q, r, 1)
     (grad,) = torch.autograd.grad(d.sum(), q)
     assert torch.isfinite(grad).all()
     lengths = grad.double().norm(dim=1)

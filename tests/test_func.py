@@ -314,7 +314,7 @@ def test_point_op_per_cloud_gradients_match_the_dense_formula(name):
 
 def test_knn_indices_under_vmap_and_jacrev_of_a_point_op():
     Q, R, F = clouds(b=2, seed=2)
-    _, idx = vmap(lambda q, r: wb.ops.knn(q, r, 3))(Q, R)
+    _, idx, _ = vmap(lambda q, r: wb.ops.knn(q, r, 3))(Q, R)
     for b in range(2):
         assert torch.equal(idx[b], dense_knn(Q[b], R[b], 3)[1])
     J = jacrev(lambda f: wb.ops.radius_aggregate(Q[0], R[0], f, 0.35, 0.1))(F[0])

@@ -270,8 +270,12 @@ def test_neighbour_lists_eagerly_with_gradients_and_refused_under_jit():
     np.testing.assert_allclose(np.asarray(gr), rt.grad.numpy(), rtol=1e-12, atol=1e-12)
     with pytest.raises(WarpBridgeError, match="depends on the data and cannot be read while tracing"):
         jax.jit(loss)(jnp.asarray(q), jnp.asarray(r))
-    edges = jax.jit(lambda x: wb.ops.knn_graph(x, 3))(jnp.asarray(r))  # a fixed size: fine under jit
-    np.testing.assert_array_equal(np.asarray(edges), wb.ops.knn_graph(torch.tensor(r), 3).numpy())
+    with pytest.raises(WarpBridgeError, match=r"knn_graph\(\): .*tracing \(a fixed-size graph: knn\(x, x, k \+ 1\)"):
+        jax.jit(lambda x: wb.ops.knn_graph(x, 3))(jnp.asarray(r))  # how many edges depends on the data
+    dist, idx, count = jax.jit(lambda x: wb.ops.knn(x, x, 4))(jnp.asarray(r))  # the fixed-size form
+    ours = wb.ops.knn(torch.tensor(r), torch.tensor(r), 4)
+    for got, want in zip((dist, idx, count), ours):
+        np.testing.assert_array_equal(np.asarray(got), want.numpy())
 
 
 def test_ragged_batches_under_jit_and_grad_have_torchs_values_and_gradients():
@@ -293,8 +297,10 @@ def test_ragged_batches_under_jit_and_grad_have_torchs_values_and_gradients():
     np.testing.assert_allclose(float(value), float(lt), rtol=1e-12)
     for ours, theirs in zip(grads, (qt, rt, ft)):
         np.testing.assert_allclose(np.asarray(ours), theirs.grad.numpy(), rtol=1e-12, atol=1e-12)
-    edges = jax.jit(lambda x, b: wb.ops.knn_graph(x, 3, batch=b))(args[1], args[4])
-    np.testing.assert_array_equal(np.asarray(edges), wb.ops.knn_graph(rt, 3, batch=torch.tensor(rb)).numpy())
+    knn = jax.jit(lambda x, b: wb.ops.knn(x, x, 3, query_batch=b, ref_batch=b))(args[1], args[4])
+    ours = wb.ops.knn(rt, rt, 3, query_batch=torch.tensor(rb), ref_batch=torch.tensor(rb))
+    for got, want in zip(knn, ours):
+        np.testing.assert_array_equal(np.asarray(got), want.detach().numpy())
 
 
 def test_what_the_tape_cannot_follow_is_refused_under_jax_too():

@@ -171,12 +171,30 @@ def test_knn_graph_matches_a_dense_reference(loop):
         assert (d[ei[1], ei[0]] == 0).any()  # duplicates of a point are its neighbours
 
 
-def test_knn_graph_gives_minus_one_for_a_point_that_is_not_finite():
+def test_knn_graph_never_holds_minus_one():
+    """A point that is not finite has no edges and is nobody's neighbour; a cloud with k
+    points or fewer gives each of its points n - 1 edges (n with loop=True), and k past every
+    cloud gives what exists (torch_cluster's knn_graph); an empty cloud gives (2, 0). Where
+    -1 was the padding, x[edge_index[0]] read the last point of another cloud."""
     x = torch.randn(50, 3, dtype=torch.float64)
     x[7, 0] = float("nan")
     ei = wb.ops.knn_graph(x, 3)
-    assert (ei[0, 21:24] == -1).all() and (ei[1, 21:24] == 7).all()
-    assert not (ei[0] == 7).any()  # and nobody's neighbour
+    assert ei.shape == (2, 49 * 3) and not (ei == 7).any() and (ei >= 0).all()
+    batch = torch.tensor([0] * 3 + [1] * 40 + [2] * 1 + [3] * 6)
+    for loop in (False, True):
+        ei = wb.ops.knn_graph(x, 5, batch=batch, loop=loop)
+        assert (ei >= 0).all() and (batch[ei[0]] == batch[ei[1]]).all()
+        degree = torch.bincount(ei[1], minlength=50)
+        sizes = torch.bincount(batch)[batch] - (batch == 1).long()  # cloud 1 holds the NaN point
+        want = torch.clamp(sizes - (0 if loop else 1), max=5)
+        want[7] = 0
+        assert torch.equal(degree, want), loop
+    big = wb.ops.knn_graph(x[8:18], 1000)  # k past the cloud: every other point, nearest first
+    assert big.shape == (2, 10 * 9)
+    d = dense_distances(x[8:18], x[8:18]).fill_diagonal_(float("inf"))
+    assert torch.equal(big[0].view(10, 9), d.sort(dim=1, stable=True).indices[:, :9])
+    assert wb.ops.knn_graph(x[:0], 3).shape == (2, 0)
+    assert wb.ops.knn_graph(x[:1], 3).shape == (2, 0)
 
 
 def test_empty_clouds_and_empty_lists():
@@ -235,11 +253,13 @@ def test_callers_tensors_are_not_modified():
         (lambda q, r: wb.ops.radius(q, r[:, :2], 0.1), "'ref' has 2 coordinates per point but 'query' has 3"),
         (lambda q, r: wb.ops.radius(q, r.float(), 0.1), "must share one dtype"),
         (lambda q, r: wb.ops.radius_graph(r, 0.0), "'r' must be positive"),
-        (lambda q, r: wb.ops.knn_graph(r, 10), r"1 <= k <= N - 1 = 9"),
         (lambda q, r: wb.ops.knn_graph(r, 10, loop=True), None),
-        (lambda q, r: wb.ops.knn_graph(r, 11, loop=True), r"1 <= k <= N = 10"),
+        (lambda q, r: wb.ops.knn_graph(r, 0), "'k' must be at least 1, got 0"),
         (lambda q, r: wb.ops.knn_graph(r, 2.0), "'k' must be an int"),
-        (lambda q, r: wb.ops.knn_graph(r[:, :0], 2), r"'x' must have shape \(N, D\) with 1 <= D <= 16, got \(10, 0\)"),
+        (
+            lambda q, r: wb.ops.knn_graph(r[:, :0], 2),
+            r"'x' must have shape \(N, D\) with 1 <= D <= 4096, got \(10, 0\)",
+        ),
     ],
 )
 def test_bad_input_is_refused_before_launch(call, match):
@@ -362,7 +382,7 @@ def test_a_capped_radius_list_is_the_radius_masked_knn():
     """What the docs offer for a fixed size under jax.jit: the kNN rows masked at the radius
     hold exactly the capped list's neighbours, in the same order."""
     r, q = cloud("lidar rings + 20 far", n=2000, seed=21)
-    dist, idx = wb.ops.knn(q, r, 8)
+    dist, idx, _ = wb.ops.knn(q, r, 8)
     radius = float(dist[:, 4].median())
     nb = wb.ops.radius(q, r, radius, max_neighbors=8)
     for i in range(len(q)):

@@ -89,7 +89,7 @@ def test_gradients_against_the_dense_reference():
 @pytest.mark.parametrize("name", list(D.DISTRIBUTIONS))
 def test_every_distribution_is_exact(name):
     r, q = (torch.from_numpy(a).double().cuda() for a in D.make(name, 3000))
-    dist, idx = wb.ops.knn(q, r, 7)
+    dist, idx, _ = wb.ops.knn(q, r, 7)
     want = torch.sort(torch.cdist(q, r), dim=1, stable=True).indices[:, :7]  # ties: the smaller index
     assert torch.equal(idx, want)
     torch.testing.assert_close(dist, (q[:, None] - r[want]).norm(dim=-1), rtol=1e-12, atol=1e-12)
@@ -101,7 +101,7 @@ def test_tutorial_size_matches_ckdtree():
     x = torch.linspace(-1, 1, 30)
     q = torch.stack(torch.meshgrid(x, x, x, indexing="ij"), -1).reshape(-1, 3)
     r = torch.randn(100_000, 3, generator=torch.Generator().manual_seed(3))
-    dist, idx = wb.ops.knn(q.cuda(), r.cuda(), 7)
+    dist, idx, _ = wb.ops.knn(q.cuda(), r.cuda(), 7)
     want, _ = cKDTree(r.numpy()).query(q.numpy(), 7)
     torch.testing.assert_close(dist.cpu(), torch.from_numpy(want).float(), rtol=1e-5, atol=1e-6)
 

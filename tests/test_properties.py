@@ -131,25 +131,25 @@ def test_radius_aggregate_returns_the_reference_or_refuses(data, radius, sigma):
 def test_knn_and_knn_aggregate_return_the_reference_or_refuse(data, k, sigma):
     q, r, f = data
     before = snapshot(q, r, f)
-    n = len(r)
     try:
-        dist, idx = wb.ops.knn(q, r, k)
+        dist, idx, count = wb.ops.knn(q, r, k)
     except wb.WarpBridgeError as e:
         assert str(e).startswith("knn(): ")
-        assert not 1 <= k <= n, f"refused a valid call: {e}"
+        assert k < 1, f"refused a valid call: {e}"
     else:
-        assert 1 <= k <= n
+        assert k >= 1 and dist.shape == idx.shape == (len(q), k) and count.shape == (len(q),)
         keep = finite_rows(r)
         for i in range(len(q)):
             if not finite_rows(q[i : i + 1])[0]:
-                assert (idx[i] == -1).all() and torch.isinf(dist[i]).all()
+                assert (idx[i] == -1).all() and torch.isinf(dist[i]).all() and count[i] == 0
                 continue
             d = (q[i] - r).norm(dim=1)
             d[~keep] = math.inf
-            want = torch.sort(d, stable=True).values[:k]
+            want = torch.cat([torch.sort(d, stable=True).values, torch.full((k,), math.inf, dtype=d.dtype)])[:k]
             torch.testing.assert_close(dist[i], want, atol=1e-9, rtol=1e-9)
             found = idx[i] >= 0
             assert torch.equal(found, torch.isfinite(want))  # -1 exactly where too few finite refs
+            assert count[i] == found.sum() and found[: int(count[i])].all()  # the count masks the -1s
             torch.testing.assert_close(d[idx[i][found]], dist[i][found], atol=1e-9, rtol=1e-9)
         try:
             agg = wb.ops.knn_aggregate(q, r, f, k, sigma)
@@ -219,7 +219,7 @@ def test_batched_knn_and_radius_lists_return_the_per_cloud_reference(data, k, ra
     before = snapshot(q, r, query_batch, ref_batch)
     if not 1 <= k <= len(r):
         return
-    dist, idx = wb.ops.knn(q, r, k, query_batch=query_batch, ref_batch=ref_batch)
+    dist, idx, _ = wb.ops.knn(q, r, k, query_batch=query_batch, ref_batch=ref_batch)
     nb = wb.ops.radius(q, r, radius, query_batch=query_batch, ref_batch=ref_batch)
     for i in range(len(q)):
         d = (q[i] - r).norm(dim=1)

@@ -26,7 +26,7 @@ OPS = {
 }
 POSITIONAL = {"knn": 3, "knn_aggregate": 5, "radius_aggregate": 5, "radius": 3, "radius_graph": 2, "knn_graph": 2}
 
-POINTS = ["points", torch.rand(6), torch.rand(6, 17), torch.rand(6, 3).to(torch.int32), torch.rand(6, 3, 2), 3.0]
+POINTS = ["points", torch.rand(6), torch.rand(6, 4097), torch.rand(6, 3).to(torch.int32), torch.rand(6, 3, 2), 3.0]
 INTS = [2**31, sys.maxsize, -(2**31) - 1, -1, 0, 2.5, True, "3", None, math.nan]
 FLOATS = [-1.0, 0.0, math.nan, math.inf, -math.inf, 1e300, "0.3", None, True, 2**70]
 BATCHES = [
@@ -80,9 +80,13 @@ def test_a_bad_argument_is_named_in_the_public_ops_terms(op, arg, value):
         assert message.startswith(f"{op}(): "), message
         assert not INTERNAL.search(message), message
         return
-    # accepted: then it was a valid value (a cap no row reaches is no cap; 1e300 is a radius)
-    assert (arg, value) in ACCEPTED or (
-        arg == "max_neighbors" and (value is None or isinstance(value, int) and value > 0)
+    # accepted: then it was a valid value (a cap no row reaches is no cap; 1e300 is a radius;
+    # a graph's k past the cloud gives the edges that exist)
+    whole = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    assert (
+        (arg, value) in ACCEPTED
+        or (arg == "max_neighbors" and (value is None or whole))
+        or (op == "knn_graph" and arg == "k" and whole)
     )
 
 

@@ -289,6 +289,9 @@ class JaxBackend(Backend):
     info = staticmethod(info)
     cast = staticmethod(cast)
 
+    def uniform(self, like: Any, n: int) -> Any:
+        raise TypeError("JAX keeps no global random state (its keys are explicit)")
+
     def take(self, values: Any, indices: list) -> Any:
         for d, idx in enumerate(indices):
             if idx is not None:

@@ -59,6 +59,9 @@ class NumPyBackend(Backend):
     def cast(self, a: np.ndarray, dtype_name: str) -> np.ndarray:
         return a.astype(dtype_name)
 
+    def uniform(self, like: np.ndarray, n: int) -> np.ndarray:
+        return np.random.random(n)  # NumPy's global state, which np.random.seed sets
+
     def take(self, values: np.ndarray, indices: list) -> np.ndarray:
         for d, idx in enumerate(indices):
             if idx is not None:

@@ -89,6 +89,10 @@ class _Paddle(Backend):
         return a.astype(dtype_name)
 
     @staticmethod
+    def uniform(like: paddle.Tensor, n: int) -> paddle.Tensor:
+        return paddle.rand([n], dtype="float64").to(like.place)
+
+    @staticmethod
     def take(values: paddle.Tensor, indices: list) -> paddle.Tensor:
         for d, idx in enumerate(indices):
             if idx is not None:

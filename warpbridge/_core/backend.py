@@ -93,6 +93,11 @@ class Backend:
         """A cast the framework differentiates (gradients come back in ``a``'s dtype)."""
         raise NotImplementedError
 
+    def uniform(self, like: Any, n: int) -> Any:
+        """(n,) float64 numbers uniform in [0, 1) from the framework's own random state (what
+        its seed functions set), on ``like``'s device; TypeError where it keeps none."""
+        raise TypeError(f"{self.array_name} has no global random state to draw from")
+
     def take(self, values: Any, indices: Sequence[Any]) -> Any:
         """``values`` gathered along each dimension by its index array (None: all of it),
         differentiably: what a ``wp.indexedarray(values, indices)`` parameter reads."""

@@ -101,7 +101,7 @@ def _groups_of_4(a: wp.array) -> wp.array:
     )
 
 
-def _fours(features: wp.array, grad: wp.array, d_features: Any, feature_slots: Any) -> list:
+def in_fours(features: wp.array, grad: wp.array, d_features: Any, feature_slots: Any) -> list:
     """Groups-of-4 views of the feature rows a kernel reads and adds into: ``features``,
     ``grad`` (or the forward's ``out``), ``d_features`` and ``feature_slots`` (None where it
     adds nothing there), for its *4 arguments. All of them where every one it uses has them
@@ -137,7 +137,7 @@ def _radius_forward(k, query, ref, batches, features, radius, sigma, out, stats,
         searched = _tree.searched_tree(k, query, ref, queries, into=tree)
     else:  # a forest's size depends on the data: scratch, all but its order (see _radius_dims)
         searched = _tree.searched_tree(k, query, ref, queries, order=tree[0], batch=batch)
-    features4, out4 = _fours(features, out, None, None)[:2]
+    features4, out4 = in_fours(features, out, None, None)[:2]
     before = [query, struct(k.Rows, v=features, v4=features4), searched, radius, sigma, queries]
     after = [struct(k.Rows, v=out, v4=out4), stats, neighbours]
     launch(k.radius_forward, query.shape[0], before, after, query.device)
@@ -177,7 +177,7 @@ def _radius_backward(
     copies = slots if one_pass else 1
     r_slots, f_slots = thread_copies(dr, copies, needs[1]), thread_copies(df, copies, needs[2])
     scatters = one_pass and needs[2]
-    fours = _fours(features, grad, df if scatters else None, f_slots if scatters and copies > 1 else None)
+    fours = in_fours(features, grad, df if scatters else None, f_slots if scatters and copies > 1 else None)
     ball = struct(k.Ball, radius=radius, sigma=sigma, out=out, stats=stats, neighbours=neighbours)
     grads = struct(
         k.Grads, d_query=dq, d_ref=dr, d_features=df, d_features4=fours[2], ref_slots=r_slots,
@@ -231,16 +231,6 @@ def one_pass_fits(slots: int, n: int, row_bytes: int) -> bool:
     return (slots - 1) * n * row_bytes <= max(SLOT_BYTES, n * row_bytes)
 
 
-def knn_forward(k, query, ref, kk, dist, idx, queries, batch=None, features=None, sigma=1.0, out=None):
-    """The kNN search (with ``batch``, as ``_tree.searched_tree`` takes it, per cloud), and
-    with ``features``, its aggregation into ``out``."""
-    device = query.device
-    if features is None:
-        features = out = cpu_launch.nothing((0, 0), k.T, device)
-    before = [query, _tree.searched_tree(k, query, ref, queries, batch=batch), kk, features, sigma, queries]
-    launch(k.knn_search, query.shape[0], before, [dist, idx, out], device)
-
-
 def distance_backward(k, kernel, rows, queries, dq, dr, needs):
     """The gradient of a search's distances (``kernel``: ``knn_backward`` or ``list_backward``;
     ``rows``: its arguments from the queries to the incoming gradient), per-thread ``dr`` copies."""
@@ -252,25 +242,6 @@ def distance_backward(k, kernel, rows, queries, dq, dr, needs):
     grads = struct(k.Grads, d_query=dq, d_ref=dr, ref_slots=r_slots)
     cpu_launch.launch_queries(kernel, m, slots, [*rows, needs_bits(needs), queries], [grads], device, None, True)
     add_copies(r_slots, dr)
-
-
-def _knn_aggregate_backward(k, query, ref, features, sigma, out, dist, idx, queries, grad, dq, dr, df, needs):
-    m, device = query.shape[0], query.device
-    if not any(needs):
-        return
-    slots = cpu_launch.slots(device, m)
-    r_slots, f_slots = thread_copies(dr, slots, needs[1]), thread_copies(df, slots, needs[2])
-    fours = _fours(features, grad, df if needs[2] else None, f_slots if needs[2] and slots > 1 else None)
-    nearest = struct(k.Nearest, sigma=sigma, out=out, dist=dist, idx=idx)
-    grads = struct(
-        k.Grads, d_query=dq, d_ref=dr, d_features=df, d_features4=fours[2], ref_slots=r_slots,
-        feature_slots=f_slots, feature_slots4=fours[3],
-    )  # fmt: skip
-    before = [query, ref, struct(k.Rows, v=features, v4=fours[0]), nearest]
-    before += [struct(k.Rows, v=grad, v4=fours[1]), needs_bits(needs), queries]
-    cpu_launch.launch_queries(k.knn_aggregate_backward, m, slots, before, [grads], device, None, scatter=True)
-    add_copies(r_slots, dr)
-    add_copies(f_slots, df)
 
 
 def listed_neighbours(m: int) -> int:
@@ -285,14 +256,6 @@ def _radius_dims(query, ref, features, query_batch, ref_batch, radius, sigma):
     if query_batch[0] + ref_batch[0]:  # a forest: its order only (see _saved_tree)
         tree = {name: (0,) for name in _tree.TREE} | {"order": (ref[0],)}
     return {**dims, **tree, "queries": (m,)}
-
-
-def _knn_dims(query, ref, query_batch, ref_batch, k):
-    return {"dist": (query[0], k), "idx": (query[0], k), "queries": (query[0],)}
-
-
-def _knn_aggregate_dims(query, ref, features, query_batch, ref_batch, k, sigma):
-    return {"out": (query[0], features[1]), "dist": (query[0], k), "idx": (query[0], k), "queries": (query[0],)}
 
 
 BATCH_NAMES = ("query_batch", "ref_batch", "batch")  # the batch vectors, as parameters
@@ -321,20 +284,33 @@ def one_cloud(fn: Any, empty: Any) -> Any:
 
 # the ops' options for wb.op, besides their launch functions and backwards
 _RADIUS = dict(num_outputs=9, aux=("stats", "neighbours", *_tree.TREE, "queries"), output_dims=_radius_dims)
-_KNN = dict(num_outputs=3, aux=("queries",), output_dims=_knn_dims)
-_KNN_AGGREGATE = dict(num_outputs=4, aux=("dist", "idx", "queries"), output_dims=_knn_aggregate_dims)
 
 
 @functools.cache
 def declared(dtype: str, dim: int = 3) -> dict:
-    """The three ops' launch functions and ``wb.op`` options (``fn``, ``backward``, ...) for
+    """The radius op's launch functions and ``wb.op`` options (``fn``, ``backward``, ...) for
     one float type ("float32" or "float64") and points of ``dim`` coordinates, by name;
-    ``_search.declare_both`` makes the ops."""
+    ``_search.declare_both`` makes the ops (the kNN ops: ``_declared_knn``)."""
+    return _radius_ops(dtype, dim)
+
+
+def types_of(dtype: str, dim: int) -> tuple:
+    """(scalar, points, rows, int32 index, int64 neighbours, int64 batch) Warp types."""
     T = wp.float32 if dtype == "float32" else wp.float64
     V = wp.types.vector(dim, T)
-    Points, Rows, Index = wp.array(dtype=V), wp.array2d(dtype=T), wp.array(dtype=wp.int32)
-    Neighbours, Listed = wp.array2d(dtype=wp.int64), wp.array2d(dtype=wp.int32)
-    Batch = wp.array(dtype=wp.int64)
+    return (
+        T,
+        wp.array(dtype=V),
+        wp.array2d(dtype=T),
+        wp.array(dtype=wp.int32),
+        wp.array2d(dtype=wp.int64),
+        wp.array(dtype=wp.int64),
+    )
+
+
+def _radius_ops(dtype: str, dim: int) -> dict:
+    T, Points, Rows, Index, _, Batch = types_of(dtype, dim)
+    Listed = wp.array2d(dtype=wp.int32)
 
     def kernels(device: Any) -> Any:
         return _tree.kernels_for(dtype, device, dim)
@@ -361,40 +337,4 @@ def declared(dtype: str, dim: int = 3) -> dict:
             adj_query, adj_ref, adj_features, needs_input_grad,
         )  # fmt: skip
 
-    def knn(
-        query: Points, ref: Points, query_batch: Batch, ref_batch: Batch, k: int, dist: Rows, idx: Neighbours,
-        queries: Index,
-    ):  # fmt: skip
-        batch = forest_of("knn", query_batch, ref_batch)
-        knn_forward(kernels(query.device), query, ref, k, dist, idx, queries, batch)
-
-    def knn_backward(
-        query: Points, ref: Points, query_batch: Batch, ref_batch: Batch, k: int, dist: Rows, idx: Neighbours,
-        queries: Index,
-        adj_dist: Rows, adj_query: Points, adj_ref: Points, *, needs_input_grad,
-    ):  # fmt: skip
-        k_, rows = kernels(query.device), [query, ref, idx, adj_dist]
-        distance_backward(k_, k_.knn_backward, rows, queries, adj_query, adj_ref, needs_input_grad)
-
-    def knn_aggregate(
-        query: Points, ref: Points, features: Rows, query_batch: Batch, ref_batch: Batch, k: int, sigma: T,
-        out: Rows, dist: Rows, idx: Neighbours, queries: Index,
-    ):  # fmt: skip
-        batch = forest_of("knn_aggregate", query_batch, ref_batch)
-        knn_forward(kernels(query.device), query, ref, k, dist, idx, queries, batch, features, sigma, out)
-
-    def knn_aggregate_backward(
-        query: Points, ref: Points, features: Rows, query_batch: Batch, ref_batch: Batch, k: int, sigma: T,
-        out: Rows, dist: Rows, idx: Neighbours, queries: Index,
-        adj_out: Rows, adj_query: Points, adj_ref: Points, adj_features: Rows, *, needs_input_grad,
-    ):  # fmt: skip
-        _knn_aggregate_backward(
-            kernels(query.device), query, ref, features, sigma, out, dist, idx, queries, adj_out,
-            adj_query, adj_ref, adj_features, needs_input_grad,
-        )  # fmt: skip
-
-    return dict(
-        radius_aggregate=dict(_RADIUS, fn=radius_aggregate, backward=radius_aggregate_backward),
-        knn=dict(_KNN, fn=knn, backward=knn_backward),
-        knn_aggregate=dict(_KNN_AGGREGATE, fn=knn_aggregate, backward=knn_aggregate_backward),
-    )
+    return dict(radius_aggregate=dict(_RADIUS, fn=radius_aggregate, backward=radius_aggregate_backward))

@@ -16,7 +16,7 @@ from typing import Any
 
 import warp as wp
 
-from . import _declared, _tree
+from . import _declared, _declared_knn, _tree
 
 # The cap on a row when there is none: more than any row can hold.
 NO_CAP = (1 << 31) - 1
@@ -67,14 +67,22 @@ def _fill(k, query, ref, batch, ptr, order, queries, listed, radius, skip_self, 
     _declared.launch(k.radius_fill, query.shape[0], before, [filled], query.device)
 
 
-def _knn_graph(k, x, batch, kk, skip_self, edges):
-    """The kNN search for kk + skip_self (the point itself found too where it is left out), then its edges."""
+def _knn_graph_search(k, x, batch, kk, skip_self, idx, ptr):
+    """Each point's nearest (kk + skip_self of them: the point itself is found too where it is
+    left out; fewer where there are fewer points) into ``idx``, and the offsets of its edges
+    (at most kk, see ``knn_edge_counts``) into ``ptr``."""
     m, device = x.shape[0], x.device
-    found = kk + skip_self
-    dist = wp.empty((m, found), dtype=k.T, device=device)
-    idx = wp.empty((m, found), dtype=wp.int64, device=device)
-    _declared.knn_forward(k, x, x, found, dist, idx, wp.empty(m, dtype=wp.int32, device=device), batch)
-    _declared.launch(k.knn_edges, m, [idx, kk, skip_self], edge_rows(edges), device)
+    dist = wp.empty(idx.shape, dtype=k.T, device=device)
+    _declared_knn.knn_forward(k, x, x, idx.shape[1], dist, idx, wp.empty(m, dtype=wp.int32, device=device), batch)
+    counts = wp.empty(m, dtype=wp.int64, device=device)
+    _declared.launch(k.knn_edge_counts, m, [idx, kk, skip_self], [counts], device)
+    _declared.launch(k.list_offsets, 1, [counts, kk], [ptr], device)
+
+
+def graph_width(n: int, k: int, skip_self: int) -> int:
+    """The nearest a kNN graph's search finds per point: k, and the point itself where it is
+    left out, but no more than there are points."""
+    return min(k + skip_self, n)
 
 
 @functools.cache
@@ -88,6 +96,7 @@ def declared(dtype: str, dim: int = 3) -> dict:
         wp.array2d(dtype=wp.int64),
     )
     Index, Listed, Batch = wp.array(dtype=wp.int32), wp.array2d(dtype=wp.int32), wp.array(dtype=wp.int64)
+    Nearest = wp.array2d(dtype=wp.int64)
 
     def kernels(device: Any) -> Any:
         return _tree.kernels_for(dtype, device, dim)
@@ -117,9 +126,14 @@ def declared(dtype: str, dim: int = 3) -> dict:
         rows = [query, ref, edge_rows(edges)[0], ptr, adj_distance]
         _declared.distance_backward(k, k.list_backward, rows, queries, adj_query, adj_ref, needs_input_grad)
 
-    def knn_graph(x: Points, batch: Batch, k: int, skip_self: int, edges: Edges):
+    def knn_graph_search(x: Points, batch: Batch, k: int, skip_self: int, idx: Nearest, ptr: Counts):
         forest = _declared.forest_of("knn_graph", batch, batch, ("batch", "batch"))
-        _knn_graph(kernels(x.device), x, forest, k, skip_self, edges)
+        _knn_graph_search(kernels(x.device), x, forest, k, skip_self, idx, ptr)
+
+    def knn_graph_fill(idx: Nearest, ptr: Counts, skip_self: int, n_edges: int, edges: Edges):
+        _declared.launch(
+            kernels(idx.device).knn_edges, idx.shape[0], [idx, ptr, skip_self], edge_rows(edges), idx.device
+        )
 
     def count_dims(query, ref, *_):
         m = query[0]
@@ -134,11 +148,15 @@ def declared(dtype: str, dim: int = 3) -> dict:
     def list_dims(query, ref, query_batch, ref_batch, ptr, order, queries, listed, radius, skip_self, cap, n_pairs):
         return {"distance": (n_pairs,), "edges": (2, n_pairs)}
 
-    def graph_dims(x, batch, k, skip_self):
-        return (2, x[0] * k)
+    def graph_search_dims(x, batch, k, skip_self):
+        return {"idx": (x[0], graph_width(x[0], k, skip_self)), "ptr": (x[0] + 1,)}
+
+    def graph_fill_dims(idx, ptr, skip_self, n_edges):
+        return (2, n_edges)
 
     return dict(
         radius_count=dict(fn=radius_count, num_outputs=5, output_dims=count_dims),
         radius_list=dict(fn=radius_list, num_outputs=2, output_dims=list_dims, backward=radius_list_backward),
-        knn_graph=dict(fn=knn_graph, num_outputs=1, output_dims=graph_dims),
+        knn_graph_search=dict(fn=knn_graph_search, num_outputs=2, output_dims=graph_search_dims),
+        knn_graph_fill=dict(fn=knn_graph_fill, num_outputs=1, output_dims=graph_fill_dims),
     )

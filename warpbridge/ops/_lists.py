@@ -67,7 +67,7 @@ def radius(
     """
     batch = {"query_batch": query_batch, "ref_batch": ref_batch}
     counted = _count("radius", query, ref, radius, max_neighbors, loop, batch)
-    edges, distance = _fill(counted, _pairs(counted))
+    edges, distance = _fill(counted, _pairs("radius", counted.adapter, counted.ptr))
     return Neighbors(edges[0], distance, counted.ptr, counted.count)
 
 
@@ -92,26 +92,28 @@ def radius_graph(x: Any, r: float, *, batch: Any = None, loop: bool = False, max
         edge_index = wb.ops.radius_graph(pos, r=0.1)
     """
     counted = _count("radius_graph", x, x, r, max_neighbors, loop, {"batch": batch})
-    return _fill(counted, _pairs(counted))[0]
+    return _fill(counted, _pairs("radius_graph", counted.adapter, counted.ptr))[0]
 
 
 def knn_graph(x: Any, k: int, *, batch: Any = None, loop: bool = False) -> Any:
-    """The k-nearest-neighbour graph of a point cloud as PyG's ``edge_index``: (2, N * k) int64,
-    row 0 the neighbour ``j`` (source), row 1 the centre ``i`` (target); point ``i``'s edges at
-    ``i * k`` onwards, nearest first (ties by the smaller index). With ``loop=False`` a point
-    is not its own neighbour, duplicates of it are. A point that is not finite has none
-    (index -1).
+    """The k-nearest-neighbour graph of a point cloud as PyG's ``edge_index``: (2, E) int64,
+    row 0 the neighbour ``j`` (source), row 1 the centre ``i`` (target); point ``i``'s edges
+    contiguous, nearest first (ties by the smaller index). With ``loop=False`` a point is not
+    its own neighbour, duplicates of it are. Every point has ``min(k, points of its cloud -
+    1)`` edges (``- 0`` with ``loop=True``), as ``torch_cluster.knn_graph``: a short cloud
+    gives fewer, a point that is not finite none, and is nobody's neighbour. No index is
+    ever -1. The number of edges is read on the host, as for :func:`radius_graph`.
 
     Args:
         x: (N, D) points, D from 1 to 16.
-        k: neighbours per point: ``1 <= k <= N - 1`` (``N`` with ``loop=True``).
+        k: neighbours per point, ``k >= 1``; more than a cloud has gives what it has.
         batch: (N,) int64 cloud numbers, sorted (PyG's batch vector): neighbours only within
-            a cloud; a cloud with k points or fewer pads its points' edges with index -1.
-            None (default): one cloud.
+            a cloud. None (default): one cloud.
         loop: whether each point may be its own neighbour (default: no).
 
     Raises:
-        WarpBridgeError: wrong types, shapes or dtypes; k out of range.
+        WarpBridgeError: wrong types, shapes or dtypes; k < 1; under ``jax.jit`` (the number
+            of edges depends on the data: use :func:`knn` with its ``count`` there).
 
     Example::
 
@@ -124,14 +126,16 @@ def knn_graph(x: Any, k: int, *, batch: Any = None, loop: bool = False) -> Any:
     n = a.info(x)[1][0]
     if isinstance(k, bool) or not isinstance(k, numbers.Integral):
         raise fail(op, f"'k' must be an int, got {describe(k)}")
-    if not 1 <= k <= n - skip_self:
-        most = "N" if loop else "N - 1"
-        raise fail(op, f"'k' must satisfy 1 <= k <= {most} = {n - skip_self} (loop={loop}), got {int(k)}")
-    if n * int(k) > MAX_PAIRS:
-        raise fail(op, f"N * k = {n * int(k):,} edges, more than one graph holds ({MAX_PAIRS:,}, 32-bit places)")
+    if k < 1:
+        raise fail(op, f"'k' must be at least 1, got {int(k)}")
+    k = min(int(k), n)  # no point has more neighbours than the cloud has points
+    if n * _declared_lists.graph_width(n, k, skip_self) > MAX_PAIRS:
+        raise fail(op, f"N * k = {n * k:,} edges, more than one graph holds ({MAX_PAIRS:,}, 32-bit places)")
     clouds = batches(op, a, {"x": x}, {"batch": batch})
     args, ops, _ = widen(op, a, {"x": x}, dtype)
-    return declared_op(ops, op, clouds)(*args, *clouds, int(k), skip_self)
+    idx, ptr = declared_op(ops, "knn_graph_search", clouds)(*args, *clouds, k, skip_self)
+    n_edges = _pairs(op, a, ptr, " (a fixed-size graph: knn(x, x, k + 1) and its count)")
+    return declared_op(ops, "knn_graph_fill", clouds)(idx, ptr, skip_self, n_edges)
 
 
 class _Counted(NamedTuple):
@@ -171,17 +175,18 @@ def _count(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any,
     return _Counted(op, a, args, clouds, ops, half, r, cap, skip_self, count, ptr, order, queries, listed)
 
 
-def _pairs(counted: _Counted) -> int:
-    """The number of pairs, read on the host (under ``torch.compile``, a symbolic size). Each
-    public function calls this itself: a compiler that breaks its graph there resumes in that
-    function, whose constants never change, rather than in a helper shared by both."""
+def _pairs(op: str, adapter: Any, ptr: Any, instead: str = "") -> int:
+    """The number of pairs, the last of the row offsets ``ptr``, read on the host (under
+    ``torch.compile``, a symbolic size). Each public function calls this itself: a compiler
+    that breaks its graph there resumes in that function, whose constants never change,
+    rather than in a helper shared by all. ``instead``: what to call under a tracer."""
     try:
-        return counted.adapter.int_at(counted.ptr, -1, MAX_PAIRS, functools.partial(_too_many, counted.op))
+        return adapter.int_at(ptr, -1, MAX_PAIRS, functools.partial(_too_many, op))
     except WarpBridgeError:
         raise
     except Exception as e:  # a tracer (jax.jit): the size of the result depends on the data
         raise fail(
-            counted.op, f"the number of neighbour pairs depends on the data and cannot be read while tracing: {e}"
+            op, f"the number of neighbour pairs depends on the data and cannot be read while tracing{instead}: {e}"
         ) from e
 
 

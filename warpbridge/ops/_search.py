@@ -5,6 +5,7 @@ float32."""
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import threading
@@ -15,48 +16,69 @@ from .._core import op as _op
 from .._core.errors import describe, fail
 from .._core.launch_function import reads_only_inputs
 from .._core.op import op as _declare
-from . import _declared, _declared_lists
+from . import _declared, _declared_knn, _declared_lists, _declared_rows, _declared_sampling
 
-_WANT = {"query": "(M, D) points", "ref": "(N, D) points", "features": "(N, F) features", "x": "(N, D) points"}
-_WANT |= {name: "int64 cloud numbers" for name in ("query_batch", "ref_batch", "batch")}
+_WANT = {
+    "query": "(M, D) points",
+    "ref": "(N, D) points",
+    "x": "(N, D) points",
+    "pos_x": "(N, D) points",
+    "pos": "(N, D) points",
+}
+_WANT |= {"pos_y": "(M, D) points", "features": "(N, F) features"}
+_WANT |= {name: "int64 cloud numbers" for name in ("query_batch", "ref_batch", "batch", "batch_x", "batch_y")}
+_FEATURE_WORDS = "(N, F) features"
 
 
-def adapter_of(op: str, arrays: dict[str, Any], batches: dict[str, Any] | None = None) -> Any:
+def adapter_of(op: str, arrays: dict[str, Any], batches: dict[str, Any] | None = None, features: str = "") -> Any:
     """The backend of ``arrays`` and of the batch vectors given in ``batches`` (None: not
-    given), all from one framework."""
+    given), all from one framework; ``features``: the name of the feature rows among
+    ``arrays``, if any."""
     named = {**arrays, **{name: b for name, b in (batches or {}).items() if b is not None}}
-    return _op.backend_of(op, [(name, a, _WANT[name]) for name, a in named.items()])
+    return _op.backend_of(op, [(name, a, _wanted(name, features)) for name, a in named.items()])
 
 
-def check_clouds(op: str, adapter: Any, arrays: dict[str, Any]) -> str:
-    """Shapes (.., D) for points, D from 1 to MAX_DIM and the same for all, (N, F) features,
-    one float dtype, one device; the dtype."""
+def _wanted(name: str, features: str) -> str:
+    return _FEATURE_WORDS if name == features else _WANT[name]
+
+
+def check_clouds(op: str, adapter: Any, arrays: dict[str, Any], features: str = "") -> str:
+    """Shapes (.., D) for points, D from 1 to MAX_DIM and the same for all, (N, F) features
+    (the array named ``features``, one row per point of the second cloud), one float dtype,
+    one device; the dtype. ``arrays``: the query points, the reference points (or one
+    cloud), then any features, by the caller's names."""
     metas = {name: adapter.info(a) for name, a in arrays.items()}
+    most = MAX_ROWS_DIM if op in ROWS_OPS else MAX_DIM
     for name, (dtype, shape, _) in metas.items():
-        want = _WANT[name].rsplit(" ", 1)[0]
-        if len(shape) != 2 or (name != "features" and not 1 <= shape[1] <= MAX_DIM):
-            raise fail(op, f"'{name}' must have shape {want} with 1 <= D <= {MAX_DIM}, got {shape}")
+        want = _wanted(name, features).rsplit(" ", 1)[0]
+        if len(shape) != 2 or (name != features and not 1 <= shape[1] <= most):
+            more = "" if op in ROWS_OPS or len(shape) != 2 else f" (knn and knn_graph take up to {MAX_ROWS_DIM})"
+            raise fail(op, f"'{name}' must have shape {want} with 1 <= D <= {most}, got {shape}{more}")
         if dtype not in _FLOATS:
             raise fail(op, f"'{name}' must be float16, bfloat16, float32 or float64, got {dtype}")
     first, (qd, qshape, qdev) = next(iter(metas.items()))
     for name, (dtype, shape, dev) in metas.items():
-        if name != "features" and shape[1] != qshape[1]:
+        if name != features and shape[1] != qshape[1]:
             raise fail(op, f"'{name}' has {shape[1]} coordinates per point but '{first}' has {qshape[1]}")
         if dtype != qd:
             raise fail(op, f"'{name}' has dtype {dtype} but '{first}' has {qd}: all inputs must share one dtype")
         if dev != qdev:
             raise fail(op, f"'{name}' is on {dev} but '{first}' is on {qdev}: all inputs must be on one device")
-    if "features" in metas and metas["features"][1][0] != metas["ref"][1][0]:
-        raise fail(
-            op,
-            f"'features' must have one row per reference point: 'ref' has {metas['ref'][1][0]} points, "
-            f"'features' has shape {metas['features'][1]}",
-        )
+    if features:
+        ref = list(metas)[1]
+        if metas[features][1][0] != metas[ref][1][0]:
+            raise fail(
+                op,
+                f"'{features}' must have one row per reference point: '{ref}' has {metas[ref][1][0]} points, "
+                f"'{features}' has shape {metas[features][1]}",
+            )
     return qd
 
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
-MAX_DIM = 16  # the most coordinates per point
+MAX_DIM = 16  # the most coordinates per point of a kd-tree op
+MAX_ROWS_DIM = 4096  # the most for the ops with a brute-force path past MAX_DIM (_declared_rows)
+ROWS_OPS = ("knn", "knn_graph")
 _HALF = ("float16", "bfloat16")
 
 
@@ -65,7 +87,7 @@ def widen(op: str, adapter: Any, arrays: dict[str, Any], dtype: str) -> tuple[li
     return in: those are computed in float32 (distances, weights and sums would lose too much
     in 8 or 11 bits), through float32 copies made by ordinary framework casts, so gradients
     come back in the input dtype. The ops are those for the points' dimension."""
-    dim = adapter.info(arrays["query" if "query" in arrays else "x"])[1][1]
+    dim = adapter.info(next(iter(arrays.values())))[1][1]
     if dtype not in _HALF:
         return list(arrays.values()), ops_for(dtype, dim), None
     try:
@@ -106,11 +128,20 @@ def _named(fn: Any, qualname: str) -> Any:
     return reads_only_inputs(fn)
 
 
+def _declarations(dtype: str, dim: int) -> dict:
+    """Every point op's launch functions and options, for one float type and dimension."""
+    modules = (_declared, _declared_knn, _declared_lists, _declared_sampling)
+    return {name: spec for m in modules for name, spec in m.declared(dtype, dim).items()}
+
+
 # Declared at import (~45 ms for both), not on first use: a first call may come inside
 # torch.compile, which cannot trace making an op.
 with _op.deferred_init():
     _DECLARED: dict[str, Any] = {
-        dtype: declare_both(dtype, {**_declared.declared(dtype), **_declared_lists.declared(dtype)})
+        dtype: declare_both(
+            dtype,
+            _declarations(dtype, 3),
+        )
         for dtype in ("float32", "float64")
     }
 
@@ -119,7 +150,19 @@ def ops_for(dtype: str, dim: int = 3) -> Any:
     """The ops for a float type and points of ``dim`` coordinates: 3-D ones declared at
     import, the others on first use (outside ``torch.compile``, which cannot trace making an
     op)."""
+    if dim > MAX_DIM:
+        return _rows(dtype)
     return _DECLARED[dtype] if dim == 3 else _other_dims(dtype, dim)
+
+
+@functools.cache
+def _rows(dtype: str) -> Any:
+    """The brute-force ops over (M, D) rows, with the kd-tree ops' ``knn_graph_fill`` (it
+    reads only indices). Declared on first use (outside ``torch.compile``)."""
+    ops = declare_both(f"{dtype}_rows", _declared_rows.declared(dtype))
+    ops.knn_graph_fill = _DECLARED[dtype].knn_graph_fill
+    ops.knn_graph_fill_batched = _DECLARED[dtype].knn_graph_fill_batched
+    return ops
 
 
 _OTHER_DIMS: dict[tuple[str, int], Any] = {}
@@ -134,7 +177,7 @@ def _other_dims(dtype: str, dim: int) -> Any:
         with _OTHER_DIMS_LOCK:
             found = _OTHER_DIMS.get((dtype, dim))
             if found is None:
-                ops = {**_declared.declared(dtype, dim), **_declared_lists.declared(dtype, dim)}
+                ops = _declarations(dtype, dim)
                 found = _OTHER_DIMS[(dtype, dim)] = declare_both(f"{dtype}_{dim}d", ops)
     return found
 
@@ -163,12 +206,19 @@ def positive(op: str, name: str, value: Any, dtype: str) -> float:
     return v
 
 
-def k_of(op: str, k: Any, n: int) -> int:
+def k_of(op: str, k: Any, m: int) -> int:
+    """A neighbour count ``k >= 1`` whose (M, k) results fit one array's 32-bit places; more
+    than a cloud has pads its rows (see ``knn``'s ``count``)."""
     if isinstance(k, bool) or not isinstance(k, numbers.Integral):
         raise fail(op, f"'k' must be an int, got {describe(k)}")
-    if not 1 <= k <= n:
-        raise fail(op, f"'k' must satisfy 1 <= k <= N = {n} (the number of reference points), got {int(k)}")
+    if k < 1:
+        raise fail(op, f"'k' must be at least 1, got {int(k)}")
+    if m * k > MAX_ENTRIES:
+        raise fail(op, f"M * k = {m * int(k):,} results, more than one array holds ({MAX_ENTRIES:,}, 32-bit places)")
     return int(k)
+
+
+MAX_ENTRIES = (1 << 31) - 1  # the most (M, k) results: the kernels address them with 32-bit places
 
 
 def batches(op: str, a: Any, points: dict[str, Any], given: dict[str, Any]) -> list:
@@ -196,24 +246,25 @@ def batches(op: str, a: Any, points: dict[str, Any], given: dict[str, Any]) -> l
     return [given[name] for name in names]
 
 
-def run_declared(op: str, arrays: dict[str, Any], query_batch: Any, ref_batch: Any, **numbers: Any) -> Any:
-    """Validate the clouds ``arrays`` and their batch vectors (see ``batches``), then the op's
-    numeric arguments ``numbers`` (``k``, ``radius``, ``sigma``, in the op's order; checked in
-    the dtype the op computes in), and run the declared op. Its floating results are cast
-    back to float16/bfloat16 where the clouds came in one of those."""
-    clouds = {"query_batch": query_batch, "ref_batch": ref_batch}
-    a = adapter_of(op, arrays, clouds)
-    dtype = check_clouds(op, a, arrays)
-    batch = batches(op, a, {name: arrays[name] for name in ("query", "ref")}, clouds)
-    extra = [
-        k_of(op, value, a.info(arrays["ref"])[1][0]) if name == "k" else positive(op, name, value, dtype)
-        for name, value in numbers.items()
-    ]
+def run_declared(op: str, arrays: dict[str, Any], clouds: dict[str, Any], **numbers: Any) -> Any:
+    """Validate the clouds ``arrays`` (the query points, the reference points, then any
+    features, by the caller's names) and their batch vectors ``clouds`` (query side, then
+    reference side; see ``batches``), then the op's numeric arguments ``numbers`` (``k``,
+    ``radius``, ``sigma``, in the op's order; checked in the dtype the op computes in), and
+    run the declared op ``op``. Its floating results are cast back to float16/bfloat16 where
+    the clouds came in one of those."""
+    features = list(arrays)[2] if len(arrays) == 3 else ""
+    a = adapter_of(op, arrays, clouds, features)
+    dtype = check_clouds(op, a, arrays, features)
+    points = dict(list(arrays.items())[:2])
+    batch = batches(op, a, points, clouds)
+    m = a.info(next(iter(arrays.values())))[1][0]
+    extra = [k_of(op, value, m) if name == "k" else positive(op, name, value, dtype) for name, value in numbers.items()]
     args, ops, half = widen(op, a, arrays, dtype)
     result = declared_op(ops, op, batch)(*args, *batch, *extra)
     if half is None:
         return result
-    if isinstance(result, tuple):  # knn's (dist, idx)
+    if isinstance(result, tuple):  # knn's (dist, idx, count)
         return (a.cast(result[0], half), *result[1:])
     return a.cast(result, half)
 
@@ -256,62 +307,5 @@ def radius_aggregate(
         out = wb.ops.radius_aggregate(grid, cloud, feats, radius=0.2, sigma=0.1)
     """
     clouds = {"query": query, "ref": ref, "features": features}
-    return run_declared("radius_aggregate", clouds, query_batch, ref_batch, radius=radius, sigma=sigma)
-
-
-def knn(query: Any, ref: Any, k: int, *, query_batch: Any = None, ref_batch: Any = None) -> tuple[Any, Any]:
-    """The ``k`` nearest reference points of each query point.
-
-    Args:
-        query: (M, D) query points, D from 1 to 16 (3-D is the fastest path).
-        ref: (N, D) reference points, same D.
-        k: neighbours per query, ``1 <= k <= N``.
-        query_batch, ref_batch: (M,) and (N,) int64 cloud numbers, sorted (PyG's batch
-            vectors): each query's neighbours come from its own cloud only, one search for
-            the whole batch. None (default): one cloud. See ``docs/batches.md``.
-
-    Returns:
-        ``(dist, idx)``: (M, k) Euclidean distances in ascending order (ties broken by the
-        smaller index), differentiable w.r.t. both point sets, and (M, k) int64 indices
-        into ``ref``; a query whose cloud has fewer than k points pads its row with
-        ``inf`` and -1.
-
-    Raises:
-        WarpBridgeError: wrong types, shapes, dtypes or devices; k out of range.
-
-    Example::
-
-        dist, idx = wb.ops.knn(grid, cloud, k=7)
-    """
-    return run_declared("knn", {"query": query, "ref": ref}, query_batch, ref_batch, k=k)
-
-
-def knn_aggregate(
-    query: Any, ref: Any, features: Any, k: int, sigma: float, *, query_batch: Any = None, ref_batch: Any = None
-) -> Any:
-    """Softmax-weighted sum of the features of the ``k`` nearest reference points.
-
-    ``out_i = sum_n softmax(-dist_i / sigma)_n f_{idx_in}`` over the k nearest (see :func:`knn`).
-    Differentiable w.r.t. ``query``, ``ref`` and ``features``.
-
-    Args:
-        query: (M, D) query points, D from 1 to 16 (3-D is the fastest path).
-        ref: (N, D) reference points, same D.
-        features: (N, F) reference features.
-        k: neighbours per query, ``1 <= k <= N``.
-        sigma: distance scale of the softmax, > 0.
-        query_batch, ref_batch: as in :func:`knn`; a query whose cloud has fewer than k
-            points aggregates the ones it has.
-
-    Returns:
-        (M, F) aggregated features.
-
-    Raises:
-        WarpBridgeError: wrong types, shapes, dtypes or devices; k out of range; sigma not > 0.
-
-    Example::
-
-        out = wb.ops.knn_aggregate(grid, cloud, feats, k=7, sigma=0.1)
-    """
-    clouds = {"query": query, "ref": ref, "features": features}
-    return run_declared("knn_aggregate", clouds, query_batch, ref_batch, k=k, sigma=sigma)
+    batch = {"query_batch": query_batch, "ref_batch": ref_batch}
+    return run_declared("radius_aggregate", clouds, batch, radius=radius, sigma=sigma)

@@ -138,6 +138,10 @@ class _Torch(Backend):
         return a.to(TORCH_DTYPES[dtype_name])
 
     @staticmethod
+    def uniform(like: torch.Tensor, n: int) -> torch.Tensor:
+        return torch.rand(n, dtype=torch.float64, device=like.device)
+
+    @staticmethod
     def take(values: torch.Tensor, indices: list) -> torch.Tensor:
         for d, idx in enumerate(indices):
             if idx is not None:

@@ -53,7 +53,7 @@ from typing import Any
 
 import warp as wp
 
-from . import build, dtypes, geometry, knn, lists, morton, partition, radius, rows, sort
+from . import brute, build, dtypes, geometry, knn, lists, morton, partition, radius, rows, sampling, sort
 from .template import instantiate
 
 # The most points per leaf: the fewest levels that leave at most this many, so 11 to 22 per
@@ -63,7 +63,7 @@ from .template import instantiate
 LEAF_SIZE = 22
 MORTON_BITS = morton.MORTON_BITS
 QUERY, REF, FEATURES, ONE_PASS = knn.QUERY, knn.REF, knn.FEATURES, radius.ONE_PASS
-_MODULES = (geometry, rows, partition, build, morton, knn, radius, sort, lists)
+_MODULES = (geometry, rows, partition, build, morton, knn, radius, sort, lists, sampling)
 
 
 @functools.cache
@@ -83,8 +83,21 @@ _EXPORTED = (
     "forest_trees", "forest_boxes",
     "tree_up", "tree_top", "query_box", "query_keys", "radius_forward", "radius_backward_query", "radius_backward_ref",
     "pair_counts", "pairs_by_ref", "radius_backward_ref_pairs", "knn_search", "knn_backward",
-    "knn_aggregate_backward", "radius_count", "list_offsets", "radius_fill", "list_backward", "knn_edges",
+    "knn_aggregate_backward", "radius_count", "list_offsets", "radius_fill", "list_backward", "knn_edge_counts",
+    "knn_edges", "fps_clouds",
 )  # fmt: skip
+
+
+@functools.cache
+def row_kernels(scalar: Any) -> Any:
+    """The brute-force kNN kernels over plain (M, D) rows (``brute``), for any D, in a module
+    of their own per float type."""
+    real = "wp::float32" if scalar is wp.float32 else "wp::float64"
+    module = f"warpbridge_rows_{scalar.__name__}"
+    scope = instantiate((brute,), {"T": scalar}, module, {"REAL": real})
+    return _Kernels(
+        module=module, T=scalar, **{n: scope[n] for n in ("rows_knn", "rows_transpose", "rows_knn_backward")}
+    )
 
 
 class _Kernels:

@@ -91,11 +91,23 @@ def gradient_structs(T: Any, V: Any, V4: Any, struct: Any) -> dict:
         neighbours: wp.array2d(dtype=wp.int32)
 
     class Nearest:
-        # What the kNN forward computed and its backward reads.
+        # What the kNN forward computed and its backward reads; the weights as Aggregation's.
         sigma: T
+        inverse_square: wp.int32
         out: wp.array2d(dtype=T)
         dist: wp.array2d(dtype=T)
         idx: wp.array2d(dtype=wp.int64)
+
+    class Aggregation:
+        # What a kNN search aggregates as it goes (knn_aggregate, knn_interpolate): the rows of
+        # `features` of the found points into `out`, weighted by softmax(-d / sigma), or with
+        # inverse_square by PyG's knn_interpolate weights 1 / max(d^2, 1e-16); `features`
+        # empty: a plain search. `count`, where not empty, gets each row's number found.
+        features: wp.array2d(dtype=T)
+        out: wp.array2d(dtype=T)
+        sigma: T
+        inverse_square: wp.int32
+        count: wp.array(dtype=wp.int64)
 
     class Pairs:
         # The CPU radius backward's pair list: pair k is (query, ref), with its weight p and
@@ -127,7 +139,8 @@ def gradient_structs(T: Any, V: Any, V4: Any, struct: Any) -> dict:
         g_out: wp.array(dtype=T)
 
     return {
-        "Ball": struct(Ball), "Nearest": struct(Nearest), "Pairs": struct(Pairs), "Edges": struct(Edges),
+        "Ball": struct(Ball), "Nearest": struct(Nearest), "Aggregation": struct(Aggregation), "Pairs": struct(Pairs),
+        "Edges": struct(Edges),
         "Grads": struct(Grads),
     }  # fmt: skip
 
@@ -138,4 +151,6 @@ _FLOAT32 = names(wp.float32)
 T, DIM, V, V4, Sample, SampleAt, Item, Tree = (
     _FLOAT32[k] for k in ("T", "DIM", "V", "V4", "Sample", "SampleAt", "Item", "Tree")
 )
-Rows, Ball, Nearest, Pairs, Edges, Grads = (_FLOAT32[k] for k in ("Rows", "Ball", "Nearest", "Pairs", "Edges", "Grads"))
+Rows, Ball, Nearest, Aggregation, Pairs, Edges, Grads = (
+    _FLOAT32[k] for k in ("Rows", "Ball", "Nearest", "Aggregation", "Pairs", "Edges", "Grads")
+)

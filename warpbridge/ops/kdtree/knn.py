@@ -9,10 +9,10 @@ from __future__ import annotations
 import warp as wp
 
 from . import template
-from .dtypes import STACK, Grads, Nearest, Rows, T, Tree, V
+from .dtypes import STACK, Aggregation, Grads, Nearest, Rows, T, Tree, V
 from .geometry import NORM_OF, cloud_of, norm, query_at, unit_of
 from .rows import add_feature_row, feature_dot, pull_on_distance, row_dot, sub_from_ref
-from .template import kernel
+from .template import func, kernel
 
 # Which gradients a backward computes (its `needs`, a sum of these).
 QUERY = 1
@@ -20,10 +20,12 @@ REF = 2
 FEATURES = 4
 
 
-# aggregate_row: out_i = sum_n softmax(-dist_i / sigma)_n f_idx[i, n], the exponents shifted
-# by the nearest distance; a row of zeros without neighbours. Native code: the weighted
-# rows add straight into the output row, which the compiler vectorises when the rows are
-# packed. Written in Warp (weights in a local vector, the row in groups of 4), the
+# aggregate_row: out_i = sum_n p_n f_idx[i, n] over the found rows, p the normalised
+# weights: softmax(-dist_i / sigma), the exponents shifted by the nearest distance, or with
+# inverse_square PyG's knn_interpolate weights 1 / max(d^2, 1e-16), as ratios to the
+# nearest's (at most 1: no overflow); a row of zeros without neighbours. Native code: the
+# weighted rows add straight into the output row, which the compiler vectorises when the rows
+# are packed. Written in Warp (weights in a local vector, the row in groups of 4), the
 # aggregation took ~1.8 of the tutorial's 19 ms knn_aggregate call (27 000 queries, F = 16,
 # two threads); native, ~1.0 ms.
 _AGGREGATE_SNIPPET = r"""
@@ -31,6 +33,7 @@ typedef REAL Real;
 const int k = idx.shape[1];
 const int nf = features.shape[1];
 const Real nearest = *wp::address(dist, i, 0);
+const Real floor = (Real)1e-8;  // sqrt of PyG's 1e-16 floor on the squared distance
 const size_t fs = (size_t)features.strides[1], os = (size_t)out.strides[1];
 const bool packed = fs == sizeof(Real) && os == sizeof(Real);
 char* __restrict__ o = (char*)wp::address(out, i, 0);  // the output row, only ever through o
@@ -39,7 +42,14 @@ Real total = (Real)0;
 for (int n = 0; n < k; ++n) {
     const wp::int64 j = *wp::address(idx, i, n);
     if (j < 0) continue;
-    const Real w = wp::exp((nearest - *wp::address(dist, i, n)) / sigma);
+    const Real d = *wp::address(dist, i, n);
+    Real w;
+    if (inverse_square) {
+        const Real ratio = wp::max(nearest, floor) / wp::max(d, floor);
+        w = ratio * ratio;
+    } else {
+        w = wp::exp((nearest - d) / sigma);
+    }
     total += w;
     const char* __restrict__ row = (const char*)features.data + j * features.strides[0];
     if (packed) {
@@ -61,9 +71,35 @@ def aggregate_row(
     dist: wp.array2d(dtype=T),
     idx: wp.array2d(dtype=wp.int64),
     sigma: T,
+    inverse_square: wp.int32,
     i: int,
     out: wp.array2d(dtype=T),
 ): ...
+
+
+@func
+def weight(d: T, nearest: T, sigma: T, inverse_square: wp.int32) -> T:
+    # A found point's weight before normalisation, as aggregate_row computes it.
+    w = T(0.0)
+    if inverse_square != 0:
+        ratio = wp.max(nearest, T(1.0e-8)) / wp.max(d, T(1.0e-8))
+        w = ratio * ratio
+    else:
+        w = wp.exp((nearest - d) / sigma)
+    return w
+
+
+@func
+def times_slope(x: T, d: T, sigma: T, inverse_square: wp.int32) -> T:
+    # x times -d(log weight)/dd: x / sigma for the softmax (a division: 1 / sigma overflows
+    # for subnormal sigmas); 2 x / d for the inverse square, 0 where the 1e-16 floor holds
+    # the weight constant.
+    s = x / sigma
+    if inverse_square != 0:
+        s = T(0.0)
+        if d > T(1.0e-8):
+            s = T(2.0) * x / d
+    return s
 
 
 # knn_query: query i's k nearest points of its cloud (see geometry.cloud_of), sorted by
@@ -208,21 +244,26 @@ def knn_search(
     query: wp.array(dtype=V),
     tree: Tree,
     k: int,
-    features: wp.array2d(dtype=T),
-    sigma: T,
     queries: wp.array(dtype=wp.int32),
     stride: int,
     offset: int,
     dist: wp.array2d(dtype=T),
     idx: wp.array2d(dtype=wp.int64),
-    out: wp.array2d(dtype=T),
+    aggregation: Aggregation,
 ):
-    # With a non-empty `out`, also aggregates (knn_aggregate) while the row is hot in cache.
+    # With a non-empty `aggregation.out`, also aggregates while the row is hot in cache.
     i = query_at(wp.tid() * stride + offset, queries)
     c = cloud_of(tree, i)
+    features = aggregation.features
     knn_query(query[i], tree.order, tree.points, tree.lo, tree.hi, tree.min_index, c, k, i, dist, idx, features)
-    if out.shape[0] > 0:
-        aggregate_row(features, dist, idx, sigma, i, out)
+    if aggregation.out.shape[0] > 0:
+        aggregate_row(features, dist, idx, aggregation.sigma, aggregation.inverse_square, i, aggregation.out)
+    if aggregation.count.shape[0] > 0:
+        found = int(0)
+        for n in range(idx.shape[1]):
+            if idx[i, n] >= wp.int64(0):
+                found += 1
+        aggregation.count[i] = wp.int64(found)
 
 
 @kernel
@@ -267,12 +308,12 @@ def knn_aggregate_backward(
     # the ball. On the CPU slot `offset % stride` > 0 adds into the copies `slot - 1` (slot 0
     # into d_ref, d_features).
     i, slot = query_at(wp.tid() * stride + offset, queries), offset % stride
-    dist, idx, sigma = nearest.dist, nearest.idx, nearest.sigma
+    dist, idx, sigma, inverse_square = nearest.dist, nearest.idx, nearest.sigma, nearest.inverse_square
     closest = dist[i, 0]
     total = T(0.0)
     for n in range(idx.shape[1]):
         if idx[i, n] >= wp.int64(0):
-            total += wp.exp((closest - dist[i, n]) / sigma)
+            total += weight(dist[i, n], closest, sigma, inverse_square)
     if total > T(0.0):
         q = query[i]
         inv = T(1.0) / total
@@ -282,14 +323,15 @@ def knn_aggregate_backward(
             j64 = idx[i, n]
             if j64 >= wp.int64(0):
                 j = int(j64)
-                p = wp.exp((closest - dist[i, n]) / sigma) * inv
+                p = weight(dist[i, n], closest, sigma, inverse_square) * inv
                 if (needs & FEATURES) != 0:
                     add_feature_row(p, i, j, slot, 1, grad, grads)
                 if (needs & (QUERY | REF)) != 0:
                     diff = q - ref[j]
                     d = norm(diff)
                     if d > T(0.0):
-                        v = unit_of(diff, d) * (p * (g_out - feature_dot(grad, i, features, j)) / sigma)
+                        pull = p * (g_out - feature_dot(grad, i, features, j))
+                        v = unit_of(diff, d) * times_slope(pull, d, sigma, inverse_square)
                         dq += v
                         if (needs & REF) != 0:
                             sub_from_ref(grads, slot, j, v)

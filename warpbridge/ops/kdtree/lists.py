@@ -18,7 +18,7 @@ from .geometry import BALL_WALK, NORM_OF, RESUMED, cloud_of, query_at, resumed, 
 from .knn import QUERY, REF
 from .rows import pull_on_distance
 from .sort import sort_row
-from .template import kernel
+from .template import func, kernel
 
 # count_row: query i's neighbours within the radius in cloud c (j == i left out with
 # skip_self), and their places in the tree in row i of `listed` (see geometry.RESUMED). Native
@@ -265,26 +265,47 @@ def list_backward(
         grads.d_query[i] = dq
 
 
+@func
+def knn_edge(idx: wp.array2d(dtype=wp.int64), i: int, c: int, skip_self: int) -> bool:
+    # Whether query i's c-th nearest is an edge: found (not -1), and not i itself with skip_self.
+    j = idx[i, c]
+    return j >= wp.int64(0) and (skip_self == 0 or j != wp.int64(i))
+
+
+@kernel
+def knn_edge_counts(
+    idx: wp.array2d(dtype=wp.int64),
+    k: int,
+    skip_self: int,
+    stride: int,
+    offset: int,
+    counts: wp.array(dtype=wp.int64),
+):
+    # Point i's number of edges: its nearest found, i itself left out with skip_self (the
+    # search found k + 1 then), at most k. Fewer where its cloud is short or it is not finite.
+    i = wp.tid() * stride + offset
+    n = int(0)
+    for c in range(idx.shape[1]):
+        if n < k and knn_edge(idx, i, c, skip_self):
+            n += 1
+    counts[i] = wp.int64(n)
+
+
 @kernel
 def knn_edges(
     idx: wp.array2d(dtype=wp.int64),
-    k: int,
+    ptr: wp.array(dtype=wp.int64),
     skip_self: int,
     stride: int,
     offset: int,
     sources: wp.array(dtype=wp.int64),
     targets: wp.array(dtype=wp.int64),
 ):
-    # Query i's k nearest as edges (j, i) at i * k onwards, j == i left out with skip_self
-    # (the search found k + 1 then); -1 where there are fewer (a point that is not finite).
+    # Point i's edges (j, i) at ptr[i] onwards, nearest first (knn_edge_counts counted them).
     i = wp.tid() * stride + offset
-    n = int(0)
+    e = ptr[i]
     for c in range(idx.shape[1]):
-        j = idx[i, c]
-        if n < k and j >= wp.int64(0) and (skip_self == 0 or j != wp.int64(i)):
-            sources[i * k + n] = j
-            targets[i * k + n] = wp.int64(i)
-            n += 1
-    for c in range(n, k):
-        sources[i * k + c] = wp.int64(-1)
-        targets[i * k + c] = wp.int64(i)
+        if e < ptr[i + 1] and knn_edge(idx, i, c, skip_self):
+            sources[e] = idx[i, c]
+            targets[e] = wp.int64(i)
+            e += wp.int64(1)

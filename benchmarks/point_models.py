@@ -1,0 +1,168 @@
+"""The neighbour steps of point-cloud models (PointNet++, DGCNN, Point Transformer), each
+against what those models' users run today, side by side in one process.
+
+Rows:
+- farthest point sampling, 16 clouds x 1 024 points, ratio 0.5 (PointNet++'s set
+  abstraction): ``wb.ops.fps(random_start=False)`` against ``torch_cluster.fps`` (CPU, when
+  installed) and a torch loop of the same steps; the samples are checked equal first;
+- DGCNN's first EdgeConv graph, 8 clouds x 1 024 points, k = 20, 3-D: ``wb.ops.knn_graph``
+  against dense torch (``cdist`` + ``topk`` on the (8, 1 024, 1 024) batch),
+  ``torch_cluster.knn_graph``, and loops of cKDTree and pykdtree;
+- PointNet++ feature propagation, 16 clouds of 256 -> 1 024 points, F = 128, k = 3:
+  ``wb.ops.knn_interpolate`` against PyG's formula on dense torch (the 3 nearest by ``topk``);
+- a 100-point cloud's ``knn_graph``, k = 16: the fixed cost of a call.
+
+Each at one thread and at the default threads (``torch.set_num_threads`` and warpbridge's
+together); medians of per-call wall times after warm-up.
+
+Usage: python benchmarks/point_models.py [--quick]
+       -> table + benchmarks/results/point_models-<machine>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import distributions as D  # noqa: E402
+
+import warpbridge as wb  # noqa: E402
+from warpbridge._cli.measure import median_ms  # noqa: E402
+
+try:
+    import torch_cluster
+except ImportError:  # built from source only: the rows then leave it out
+    torch_cluster = None
+
+
+def torch_fps(pos: torch.Tensor, ptr: list, ratio: float) -> torch.Tensor:
+    """torch_cluster's fps steps as a torch loop (squared distances, argmax, min)."""
+    out = []
+    for c in range(len(ptr) - 1):
+        y = pos[ptr[c] : ptr[c + 1]]
+        dist = (y - y[0]).pow(2).sum(1)
+        out.append(ptr[c])
+        for _ in range(1, math.ceil(len(y) * ratio)):
+            a = int(dist.argmax())
+            out.append(ptr[c] + a)
+            dist = torch.minimum(dist, (y - y[a]).pow(2).sum(1))
+    return torch.tensor(out)
+
+
+def scans(clouds: int, n: int, dim: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """``clouds`` real-shaped clouds of ``n`` points (distributions.py's shapes in turn)."""
+    names = list(D.DISTRIBUTIONS)
+    parts = [torch.from_numpy(D.make(names[c % len(names)], n, seed=c)[0]).float() for c in range(clouds)]
+    if dim != 3:
+        g = torch.Generator().manual_seed(dim)
+        parts = [torch.randn(n, dim, generator=g) for _ in range(clouds)]
+    return torch.cat(parts), torch.arange(clouds).repeat_interleave(n)
+
+
+def dense_knn_graph(x: torch.Tensor, clouds: int, k: int) -> torch.Tensor:
+    b = x.view(clouds, -1, x.shape[1])
+    return torch.cdist(b, b).topk(k + 1, dim=-1, largest=False).indices
+
+
+def tree_loop(x: np.ndarray, clouds: int, k: int, who: str) -> list:
+    out = []
+    for c in np.split(x, clouds):
+        if who == "cKDTree":
+            from scipy.spatial import cKDTree
+
+            out.append(cKDTree(c).query(c, k + 1, workers=-1)[1])
+        else:
+            from pykdtree.kdtree import KDTree
+
+            out.append(KDTree(c).query(c, k + 1)[1])
+    return out
+
+
+def dense_interpolate(x, pos_x, pos_y, clouds, k=3):
+    px, py = pos_x.view(clouds, -1, 3), pos_y.view(clouds, -1, 3)
+    d2, idx = (torch.cdist(py, px) ** 2).topk(k, dim=-1, largest=False)
+    w = 1.0 / d2.clamp(min=1e-16)
+    feats = torch.gather(
+        x.view(clouds, -1, 1, x.shape[1]).expand(-1, -1, k, -1), 1, idx[..., None].expand(-1, -1, -1, x.shape[1])
+    )
+    return ((feats * w[..., None]).sum(2) / w.sum(-1, keepdim=True)).reshape(-1, x.shape[1])
+
+
+def cases(quick: bool) -> dict:
+    rows = {}
+    pos, batch = scans(16, 1024)
+    ptr = list(range(0, 16 * 1024 + 1, 1024))
+    fps = {"warpbridge": lambda: wb.ops.fps(pos, 0.5, batch=batch, random_start=False)}
+    if torch_cluster is not None:
+        fps["torch_cluster"] = lambda: torch_cluster.fps(pos, batch, 0.5, random_start=False)
+    if not quick:
+        fps["torch loop"] = lambda: torch_fps(pos, ptr, 0.5)
+    assert torch.equal(fps["warpbridge"](), torch_fps(pos, ptr, 0.5)), "fps samples differ from torch_cluster's steps"
+    rows["fps, 16 x 1024, ratio 0.5"] = fps
+    x, b = scans(8, 1024)
+    xn = x.numpy()
+    graph = {
+        "warpbridge": lambda: wb.ops.knn_graph(x, 20, batch=b),
+        "dense torch": lambda: dense_knn_graph(x, 8, 20),
+        "cKDTree loop": lambda: tree_loop(xn, 8, 20, "cKDTree"),
+        "pykdtree loop": lambda: tree_loop(xn, 8, 20, "pykdtree"),
+    }
+    if torch_cluster is not None:
+        graph["torch_cluster"] = lambda: torch_cluster.knn_graph(x, 20, b)
+    rows["DGCNN knn_graph, 8 x 1024, k 20, 3-D"] = graph
+    fine, fb = scans(16, 1024)
+    coarse_idx = wb.ops.fps(fine, 0.25, batch=fb, random_start=False)
+    coarse, cb = fine[coarse_idx], fb[coarse_idx]
+    feats = torch.randn(len(coarse), 128)
+    ours = wb.ops.knn_interpolate(feats, coarse, fine, cb, fb, k=3)
+    torch.testing.assert_close(ours, dense_interpolate(feats, coarse, fine, 16), rtol=1e-4, atol=1e-4)
+    rows["3-NN interpolation, 16 x 256 -> 1024, F 128"] = {
+        "warpbridge": lambda: wb.ops.knn_interpolate(feats, coarse, fine, cb, fb, k=3),
+        "dense torch": lambda: dense_interpolate(feats, coarse, fine, 16),
+    }
+    small = scans(1, 100)[0]
+    tiny = {
+        "warpbridge": lambda: wb.ops.knn_graph(small, 16),
+        "dense torch": lambda: dense_knn_graph(small, 1, 16),
+        "pykdtree": lambda: tree_loop(small.numpy(), 1, 16, "pykdtree"),
+    }
+    if torch_cluster is not None:
+        tiny["torch_cluster"] = lambda: torch_cluster.knn_graph(small, 16)
+    rows["100-point knn_graph, k 16"] = tiny
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, no torch loop")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = parser.parse_args()
+    t0, repeat, default_threads = time.perf_counter(), 3 if args.quick else 15, torch.get_num_threads()
+    results = []
+    for name, peers in cases(args.quick).items():
+        for threads in (1, default_threads):
+            torch.set_num_threads(threads)
+            wb.ops.set_num_threads(threads)
+            times = {who: median_ms(fn, "cpu", 3 if who == "torch loop" else repeat) for who, fn in peers.items()}
+            best_peer = min(t for who, t in times.items() if who != "warpbridge")
+            results.append({"case": name, "threads": threads, "ms": times, "speedup": best_peer / times["warpbridge"]})
+            cells = "  ".join(f"{who} {t:8.2f}" for who, t in times.items())
+            print(
+                f"{name:<44} {threads} thr  {cells}  (warpbridge {best_peer / times['warpbridge']:.2f}x the best peer)"
+            )
+    torch.set_num_threads(default_threads)
+    wb.ops.set_num_threads(default_threads)
+    print("->", D.save(args.out, "point_models", results, t0))
+
+
+if __name__ == "__main__":
+    main()
