@@ -5,7 +5,8 @@ Rows:
 - farthest point sampling, 16 clouds x 1 024 points, ratio 0.5 (PointNet++'s set
   abstraction): ``wb.ops.fps(random_start=False)`` against ``torch_cluster.fps`` (CPU, when
   installed) and a torch loop of the same steps; the samples are checked equal first;
-- DGCNN's first EdgeConv graph, 8 clouds x 1 024 points, k = 20, 3-D: ``wb.ops.knn_graph``
+- DGCNN's EdgeConv graphs, 8 clouds x 1 024 points, k = 20, in 3-D (the first layer) and in
+  64-D and 128-D feature space (the later ones): ``wb.ops.knn_graph``
   against dense torch (``cdist`` + ``topk`` on the (8, 1 024, 1 024) batch),
   ``torch_cluster.knn_graph``, and loops of cKDTree and pykdtree;
 - PointNet++ feature propagation, 16 clouds of 256 -> 1 024 points, F = 128, k = 3:
@@ -89,7 +90,7 @@ def tree_loop(x: np.ndarray, clouds: int, k: int, who: str) -> list:
 
 def dense_interpolate(x, pos_x, pos_y, clouds, k=3):
     px, py = pos_x.view(clouds, -1, 3), pos_y.view(clouds, -1, 3)
-    d2, idx = (torch.cdist(py, px) ** 2).topk(k, dim=-1, largest=False)
+    d2, idx = (torch.cdist(py, px, compute_mode="donot_use_mm_for_euclid_dist") ** 2).topk(k, dim=-1, largest=False)
     w = 1.0 / d2.clamp(min=1e-16)
     feats = torch.gather(
         x.view(clouds, -1, 1, x.shape[1]).expand(-1, -1, k, -1), 1, idx[..., None].expand(-1, -1, -1, x.shape[1])
@@ -108,17 +109,19 @@ def cases(quick: bool) -> dict:
         fps["torch loop"] = lambda: torch_fps(pos, ptr, 0.5)
     assert torch.equal(fps["warpbridge"](), torch_fps(pos, ptr, 0.5)), "fps samples differ from torch_cluster's steps"
     rows["fps, 16 x 1024, ratio 0.5"] = fps
-    x, b = scans(8, 1024)
-    xn = x.numpy()
-    graph = {
-        "warpbridge": lambda: wb.ops.knn_graph(x, 20, batch=b),
-        "dense torch": lambda: dense_knn_graph(x, 8, 20),
-        "cKDTree loop": lambda: tree_loop(xn, 8, 20, "cKDTree"),
-        "pykdtree loop": lambda: tree_loop(xn, 8, 20, "pykdtree"),
-    }
-    if torch_cluster is not None:
-        graph["torch_cluster"] = lambda: torch_cluster.knn_graph(x, 20, b)
-    rows["DGCNN knn_graph, 8 x 1024, k 20, 3-D"] = graph
+    for dim in (3, 64, 128):
+        x, b = scans(8, 1024, dim)
+        xn = x.numpy()
+        graph = {
+            "warpbridge": lambda x=x, b=b: wb.ops.knn_graph(x, 20, batch=b),
+            "dense torch": lambda x=x: dense_knn_graph(x, 8, 20),
+            "cKDTree loop": lambda xn=xn: tree_loop(xn, 8, 20, "cKDTree"),
+        }
+        if dim < 128:  # pykdtree takes at most 127 coordinates
+            graph["pykdtree loop"] = lambda xn=xn: tree_loop(xn, 8, 20, "pykdtree")
+        if torch_cluster is not None:
+            graph["torch_cluster"] = lambda x=x, b=b: torch_cluster.knn_graph(x, 20, b)
+        rows[f"DGCNN knn_graph, 8 x 1024, k 20, {dim}-D"] = graph
     fine, fb = scans(16, 1024)
     coarse_idx = wb.ops.fps(fine, 0.25, batch=fb, random_start=False)
     coarse, cb = fine[coarse_idx], fb[coarse_idx]

@@ -28,9 +28,16 @@ def _point_module(dtype, dim=3):
     return _kernels.kernels(dtype, dim).tree_init.module
 
 
+def _row_module(dtype):
+    from warpbridge.ops import kdtree as _kernels
+
+    return _kernels.row_kernels(dtype).rows_knn.module
+
+
 MODULES = {
     "points_float32": lambda: _point_module(wp.float32),
     "points_float64_16d": lambda: _point_module(wp.float64, 16),
+    "rows_float32": lambda: _row_module(wp.float32),
     "tests/kernels": lambda: _load("tests/kernels.py", "kernels"),
     "tests/adjoint_kernels": lambda: _load("tests/adjoint_kernels.py", "adjoint_kernels"),
     "tests/backward_kernels": lambda: _load("tests/backward_kernels.py", "backward_kernels"),

@@ -26,6 +26,7 @@ BENCHMARKS = (
     "lists",
     "batches",
     "dimensions",
+    "point_models",
 )
 
 
@@ -249,6 +250,8 @@ def _chart_sections(name: str, data: dict) -> dict | None:
         sections = {"Ctrl-C to exception, median seconds": {r["case"]: r["median_s"] for r in data["rows"]}}
     elif name.startswith(("distributions", "lists", "batches", "dimensions")):
         sections = _neighbour_sections(name, data)
+    elif name.startswith("point_models"):
+        sections = {f"{r['case']}, {r['threads']} thread(s): ms": r["ms"] for r in data["rows"]}
     elif name.startswith("scale"):
         rows = data["rows"]
         sections = {

@@ -59,7 +59,8 @@ def declared(dtype: str, dim: int = 3) -> dict:
         reach = wp.empty(x.shape[0], dtype=T, device=device)
         threads = min(cpu_launch.get_num_threads(), clouds) if device.is_cpu else 1
         before = [x, cloud_ptr, sample_ptr, start_at]
-        cpu_launch.launch_queries(k.fps_clouds, clouds, threads, before, [reach, samples], device, None)
+        # one cloud per share (interleaved, as a scatter splits): a chunk of clouds would go to one thread
+        cpu_launch.launch_queries(k.fps_clouds, clouds, threads, before, [reach, samples], device, None, True)
 
     def plan_dims(x, batch, ratio, num, clouds):
         return {"cloud_ptr": (clouds + 1,), "sample_ptr": (clouds + 1,), "first_points": (clouds,)}
