@@ -131,3 +131,10 @@ def test_point_cloud_batches_example_learns_the_shapes(capsys):
     cylinders apart (chance is 1/3)."""
     assert load("point_cloud_batches").main(steps=60) >= 0.85
     assert "accuracy on 96 new clouds" in capsys.readouterr().out
+
+
+def test_dgcnn_example_learns_the_shapes_on_feature_space_graphs(capsys):
+    """DGCNN whose second and third graphs are built in 32-D feature space tells spheres,
+    cubes, tori and cones apart (chance is 1/4)."""
+    assert load("dgcnn").main(steps=40) >= 0.85
+    assert "accuracy on 64 new clouds" in capsys.readouterr().out
