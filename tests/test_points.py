@@ -473,6 +473,38 @@ def test_a_parallel_launch_runs_every_query_once(m, n_slots, scatter, openmp, mo
         assert (starts == np.arange(m) // chunk * chunk).all()
 
 
+@pytest.mark.parametrize("scatter", [False, True], ids=["chunks", "slots"])
+def test_the_caller_does_not_wait_for_a_helper_that_never_started(scatter, monkeypatch):
+    """On warpbridge's own pool, a helper that has not started by the time the caller has run
+    every share is cancelled, not waited for (a helper on a busy or idle core starts late):
+    here the pool's only worker is held by another task until after the launch returns."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import kernels
+
+    cpu = wp.get_device("cpu")
+    _tree.kernels_for("float32", cpu)
+    monkeypatch.setattr(cpu_team, "TEAMS", {})
+    monkeypatch.setattr(cpu_launch, "CHUNK_MIN", 1)
+    held, release = threading.Event(), threading.Event()
+    pool = ThreadPoolExecutor(max_workers=1)
+    blocker = pool.submit(lambda: (held.set(), release.wait()))
+    held.wait()
+    monkeypatch.setattr(cpu_launch, "_pool", lambda: pool)
+    m = 300
+    hits, offsets = wp.zeros(m, dtype=wp.int32, device=cpu), wp.full(m, -1, dtype=wp.int32, device=cpu)
+    try:
+        cpu_launch.launch_queries(kernels.visit, m, 2, [], [hits, offsets], cpu, None, scatter=scatter)
+        assert not blocker.done()  # returned while the helper's thread was still held
+        assert (hits.numpy() == 1).all()  # the caller ran every share itself
+        if scatter:
+            assert (offsets.numpy() == np.arange(m) % 2).all()
+    finally:
+        release.set()
+        pool.shutdown()
+
+
 def test_the_launchers_copy_and_minus_ones_write_only_their_arrays():
     """cpu_launch.copy and minus_ones (a memmove and a memset on contiguous CPU arrays) write
     what wp.copy and fill_(-1) would, and nothing around a view; strided arrays take Warp's

@@ -27,6 +27,7 @@ BENCHMARKS = (
     "batches",
     "dimensions",
     "point_models",
+    "threads",
 )
 
 
@@ -250,6 +251,10 @@ def _chart_sections(name: str, data: dict) -> dict | None:
         sections = {"Ctrl-C to exception, median seconds": {r["case"]: r["median_s"] for r in data["rows"]}}
     elif name.startswith(("distributions", "lists", "batches", "dimensions")):
         sections = _neighbour_sections(name, data)
+    elif name.startswith("threads"):
+        sections = {}
+        for r in data["rows"]:
+            sections.setdefault(f"default threads / one thread, {r['condition']}", {})[r["case"]] = r["ratio"]
     elif name.startswith("point_models"):
         sections = {f"{r['case']}, {r['threads']} thread(s): ms": r["ms"] for r in data["rows"]}
     elif name.startswith("scale"):

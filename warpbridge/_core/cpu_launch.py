@@ -160,9 +160,12 @@ def _launch_range(run: Any, start: int, count: int, n_slots: int, scatter: bool)
         team(start, count, n_slots, chunk)  # on PyTorch's OpenMP workers, no Python between chunks
         return
     if scatter:
+        shares = iter(range(n_slots))  # slot t's queries: start + t, + n_slots, ...; any thread may run it
 
         def work(thread: int, team: int) -> None:
-            for t in range(thread, n_slots, team):
+            for t in shares:
+                if stopped[0]:
+                    return
                 run(len(range(t, count, n_slots)), n_slots, start + t)
 
     else:
@@ -179,11 +182,14 @@ def _launch_range(run: Any, start: int, count: int, n_slots: int, scatter: bool)
 
 
 def parallel(work: Any, n: int, stopped: list | None = None) -> None:
-    """Run ``work(thread, team)`` on ``n`` threads of warpbridge's pool, the caller included;
-    re-raise the first error, once every thread has stopped (so an interrupt never leaves a
-    thread writing into arrays the caller frees). On an error or interrupt in the caller,
-    ``stopped[0]`` turns True, for work that checks it between chunks. The launches that
-    cannot go to PyTorch's OpenMP team take this path (see ``_launcher``)."""
+    """Run ``work(thread, team)`` on up to ``n`` threads of warpbridge's pool, the caller
+    included, where ``work`` takes its shares from a common supply until none is left: once
+    the caller's own ``work`` returns, a helper that has not started yet is cancelled, not
+    waited for (a helper on a core that is busy or was idle can start milliseconds late; the
+    caller has done its shares by then). Re-raise the first error, once every started thread
+    has stopped (so an interrupt never leaves a thread writing into arrays the caller frees).
+    On an error or interrupt in the caller, ``stopped[0]`` turns True, for work that checks it
+    between chunks."""
     futures, inline = [], []
     for t in range(1, n):
         try:
@@ -199,6 +205,7 @@ def parallel(work: Any, n: int, stopped: list | None = None) -> None:
         stopped[0] = True
         raise
     finally:
+        futures = [f for f in futures if not f.cancel()]  # those that started: wait for them
         _wait_all(futures, stopped)
     for f in futures:
         f.result()
