@@ -138,3 +138,10 @@ def test_dgcnn_example_learns_the_shapes_on_feature_space_graphs(capsys):
     cubes, tori and cones apart (chance is 1/4)."""
     assert load("dgcnn").main(steps=40) >= 0.85
     assert "accuracy on 64 new clouds" in capsys.readouterr().out
+
+
+def test_force_matching_example_fits_forces_and_virials_through_periodic_cells(capsys):
+    """A radial MLP trained on forces and dE/dcell (create_graph through neighbor_list's
+    distances) reproduces the reference potential's forces on new triclinic structures."""
+    assert load("force_matching").main(steps=150) < 0.1
+    assert "relative force error on new structures" in capsys.readouterr().out

@@ -59,6 +59,12 @@ class NumPyBackend(Backend):
     def cast(self, a: np.ndarray, dtype_name: str) -> np.ndarray:
         return a.astype(dtype_name)
 
+    def to_host(self, a: np.ndarray) -> np.ndarray:
+        return np.asarray(a)
+
+    def from_host(self, values: np.ndarray, like: np.ndarray) -> np.ndarray:
+        return values
+
     def uniform(self, like: np.ndarray, n: int) -> np.ndarray:
         return np.random.random(n)  # NumPy's global state, which np.random.seed sets
 

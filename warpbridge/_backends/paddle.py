@@ -89,6 +89,14 @@ class _Paddle(Backend):
         return a.astype(dtype_name)
 
     @staticmethod
+    def to_host(a: paddle.Tensor) -> Any:
+        return a.detach().numpy()
+
+    @staticmethod
+    def from_host(values: Any, like: paddle.Tensor) -> paddle.Tensor:
+        return paddle.to_tensor(values, place=like.place)
+
+    @staticmethod
     def uniform(like: paddle.Tensor, n: int) -> paddle.Tensor:
         return paddle.rand([n], dtype="float64").to(like.place)
 

@@ -28,6 +28,7 @@ BENCHMARKS = (
     "dimensions",
     "point_models",
     "threads",
+    "atomistic",
 )
 
 
@@ -255,7 +256,7 @@ def _chart_sections(name: str, data: dict) -> dict | None:
         sections = {}
         for r in data["rows"]:
             sections.setdefault(f"default threads / one thread, {r['condition']}", {})[r["case"]] = r["ratio"]
-    elif name.startswith("point_models"):
+    elif name.startswith(("atomistic", "point_models")):
         sections = {f"{r['case']}, {r['threads']} thread(s): ms": r["ms"] for r in data["rows"]}
     elif name.startswith("scale"):
         rows = data["rows"]

@@ -93,6 +93,15 @@ class Backend:
         """A cast the framework differentiates (gradients come back in ``a``'s dtype)."""
         raise NotImplementedError
 
+    def to_host(self, a: Any) -> Any:
+        """A NumPy copy of ``a``'s values (detached; waits for the device): for host work on
+        integers that carry no gradient, such as a neighbour list's search."""
+        raise TypeError(f"{self.array_name} cannot be read on the host here")
+
+    def from_host(self, values: Any, like: Any) -> Any:
+        """The NumPy array ``values`` as this framework's array on ``like``'s device."""
+        raise TypeError(f"{self.array_name} cannot be made from host values here")
+
     def uniform(self, like: Any, n: int) -> Any:
         """(n,) float64 numbers uniform in [0, 1) from the framework's own random state (what
         its seed functions set), on ``like``'s device; TypeError where it keeps none."""

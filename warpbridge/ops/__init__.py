@@ -23,12 +23,13 @@ from __future__ import annotations
 
 from .._core.cpu_launch import get_num_threads as get_num_threads
 from .._core.cpu_launch import set_num_threads as set_num_threads
+from ._atomistic import neighbor_list
 from ._knn import KNN, knn, knn_aggregate, knn_interpolate
 from ._lists import Neighbors, knn_graph, radius, radius_graph
 from ._sampling import fps
 from ._search import radius_aggregate
 
 __all__ = [
-    "KNN", "Neighbors", "fps", "get_num_threads", "knn", "knn_aggregate", "knn_graph", "knn_interpolate", "radius",
+    "KNN", "Neighbors", "fps", "get_num_threads", "knn", "knn_aggregate", "knn_graph", "knn_interpolate", "neighbor_list", "radius",
     "radius_aggregate", "radius_graph", "set_num_threads",
 ]  # fmt: skip

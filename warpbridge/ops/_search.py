@@ -25,7 +25,7 @@ _WANT = {
     "pos_x": "(N, D) points",
     "pos": "(N, D) points",
 }
-_WANT |= {"pos_y": "(M, D) points", "features": "(N, F) features"}
+_WANT |= {"pos_y": "(M, D) points", "features": "(N, F) features", "positions": "(N, 3) positions"}
 _WANT |= {name: "int64 cloud numbers" for name in ("query_batch", "ref_batch", "batch", "batch_x", "batch_y")}
 _FEATURE_WORDS = "(N, F) features"
 

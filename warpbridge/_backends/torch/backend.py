@@ -138,6 +138,16 @@ class _Torch(Backend):
         return a.to(TORCH_DTYPES[dtype_name])
 
     @staticmethod
+    @torch.compiler.disable  # host values: torch.compile breaks the graph here
+    def to_host(a: torch.Tensor) -> Any:
+        return a.detach().cpu().numpy()
+
+    @staticmethod
+    @torch.compiler.disable
+    def from_host(values: Any, like: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(values).to(like.device)
+
+    @staticmethod
     def uniform(like: torch.Tensor, n: int) -> torch.Tensor:
         return torch.rand(n, dtype=torch.float64, device=like.device)
 

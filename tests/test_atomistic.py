@@ -1,0 +1,219 @@
+"""wb.ops.neighbor_list against ASE's and vesin's neighbour lists (the same pairs and shifts on
+cubic, triclinic and skewed cells, per-axis pbc, cutoffs past the cell, atoms outside it, a
+single atom, an empty structure, and batches of them), the strict cutoff, half lists, and the
+gradients a force field trains on (forces, stress, force matching with create_graph) against
+float64 finite differences and plain torch."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import vesin
+from ase import Atoms
+from ase.neighborlist import neighbor_list as ase_neighbor_list
+
+import warpbridge as wb
+
+rng = np.random.default_rng(0)
+TRICLINIC = np.array([[8.0, 0, 0], [3, 7, 0], [1, 2, 6]])
+SKEWED = np.array([[2.0, 0, 0], [1.9, 0.5, 0], [0.3, 0.2, 2.0]])
+
+STRUCTURES = {
+    "cubic box": (rng.random((150, 3)) * 9, np.eye(3) * 9, True, 3.0),
+    "triclinic, pbc TFT": (rng.random((90, 3)) @ TRICLINIC, TRICLINIC, [True, False, True], 4.0),
+    "skewed, cutoff past the cell, atoms outside": (rng.random((6, 3)) * 4 - 3, SKEWED, True, 3.1),
+    "pbc FFT": (rng.random((60, 3)) * 6, np.eye(3) * 6, [False, False, True], 2.5),
+    "single atom, its own images": (np.zeros((1, 3)), np.eye(3) * 1.5, True, 4.0),
+    "no periodicity": (rng.random((80, 3)) * 5, np.eye(3) * 5, False, 1.5),
+}
+
+
+def triples(i, j, S):
+    return sorted(zip(np.asarray(i).tolist(), np.asarray(j).tolist(), map(tuple, np.asarray(S).tolist())))
+
+
+def ase_pairs(pos, cell, pbc, cutoff):
+    return triples(*ase_neighbor_list("ijS", Atoms(f"H{len(pos)}", positions=pos, cell=cell, pbc=pbc), cutoff))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", list(STRUCTURES))
+def test_the_same_pairs_and_shifts_as_ase(name, dtype):
+    pos, cell, pbc, cutoff = STRUCTURES[name]
+    pos = torch.tensor(pos, dtype=dtype).double().numpy()  # the values float32 holds, for both
+    i, j, S, d = wb.ops.neighbor_list(
+        torch.tensor(pos, dtype=dtype), cutoff, cell=torch.tensor(cell, dtype=dtype), pbc=pbc
+    )
+    assert triples(i, j, S) == ase_pairs(pos, cell, pbc, cutoff)
+    assert (torch.diff(i) >= 0).all() and d.dtype == dtype and (d < cutoff).all()
+    want = np.linalg.norm(pos[j] - pos[i] + S.numpy() @ cell, axis=1)
+    np.testing.assert_allclose(d.double().numpy(), want, rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=1e-5)
+
+
+# vesin 0.6 takes one periodic flag for all three axes: per-axis pbc is checked against ASE above
+@pytest.mark.parametrize("name", ["cubic box", "skewed, cutoff past the cell, atoms outside", "no periodicity"])
+def test_full_and_half_lists_match_vesin(name):
+    pos, cell, pbc, cutoff = STRUCTURES[name]
+    periodic = pbc
+    calc = vesin.NeighborList(cutoff=cutoff, full_list=True)
+    i, j, S = calc.compute(points=pos, box=cell, periodic=periodic, quantities="ijS")
+    ours = wb.ops.neighbor_list(torch.tensor(pos), cutoff, cell=torch.tensor(cell), pbc=pbc, quantities="ijS")
+    assert triples(*ours) == triples(i, j, S)
+    half = wb.ops.neighbor_list(
+        torch.tensor(pos), cutoff, cell=torch.tensor(cell), pbc=pbc, full_list=False, quantities="ijS"
+    )
+    assert 2 * len(half[0]) == len(ours[0])
+    unordered = {
+        (a, b, s) if (a, b) < (b, a) or (a == b and s > tuple(-x for x in s)) else (b, a, tuple(-x for x in s))
+        for a, b, s in triples(*ours)
+    }
+    assert set(triples(*half)) == unordered  # each pair once: i < j, an atom's own image with S > 0
+    vi, vj, vS = vesin.NeighborList(cutoff=cutoff, full_list=False).compute(
+        points=pos, box=cell, periodic=periodic, quantities="ijS"
+    )
+    assert {(min(a, b), max(a, b)) for a, b in zip(vi.tolist(), vj.tolist())} == {(a, b) for a, b, _ in unordered}
+
+
+def test_the_cutoff_is_strict_on_a_lattice():
+    a, n = 1.0, 5
+    grid = np.stack(np.meshgrid(*[np.arange(n)] * 3, indexing="ij"), -1).reshape(-1, 3) * a
+    i, j, S, d = wb.ops.neighbor_list(torch.tensor(grid), 2 * a, cell=torch.eye(3, dtype=torch.float64) * n * a)
+    assert (torch.bincount(i) == 26).all()  # |v|^2 in {1, 2, 3}: 6 + 12 + 8; |v| = 2 is not < 2
+    assert triples(i, j, S) == ase_pairs(grid, np.eye(3) * n * a, True, 2 * a)
+
+
+def test_a_batch_of_mixed_structures_equals_each_alone():
+    names = list(STRUCTURES)
+    parts = [STRUCTURES[n] for n in names]
+    pos = torch.tensor(np.concatenate([p[0] for p in parts]))
+    sizes = [len(p[0]) for p in parts]
+    ptr = torch.tensor([0, *np.cumsum(sizes)])
+    cells = torch.tensor(np.stack([p[1] for p in parts]))
+    pbc = torch.tensor([np.broadcast_to(p[2], 3) for p in parts])
+    cutoff = 3.0
+    for kind, given in (
+        ("batch", torch.repeat_interleave(torch.arange(len(parts)), torch.tensor(sizes)).int()),
+        ("batch_ptr", ptr),
+    ):
+        i, j, S, D = wb.ops.neighbor_list(pos, cutoff, cell=cells, pbc=pbc, quantities="ijSD", **{kind: given})
+        want = []
+        for b, (p, cell, periodic, _) in enumerate(parts):
+            want += [(x + int(ptr[b]), y + int(ptr[b]), s) for x, y, s in ase_pairs(p, cell, periodic, cutoff)]
+        assert triples(i, j, S) == sorted(want)
+        structure = torch.repeat_interleave(torch.arange(len(parts)), torch.tensor(sizes))[i]
+        torch.testing.assert_close(D, pos[j] - pos[i] + torch.einsum("ek,ekl->el", S.double(), cells[structure]))
+    empty = wb.ops.neighbor_list(torch.zeros(0, 3, dtype=torch.float64), 2.0, cell=torch.eye(3, dtype=torch.float64))
+    assert all(len(q) == 0 for q in empty)
+
+
+def _energy(d):
+    """A smooth pair potential (zero with its derivative at the cutoff 3.0)."""
+    return ((3.0 - d) ** 3 * (1.0 / d)).sum() / 2
+
+
+def test_forces_and_stress_match_finite_differences():
+    pos0, cell0, pbc, _ = STRUCTURES["triclinic, pbc TFT"]
+    pos = torch.tensor(pos0[:40], requires_grad=True)
+    cell = torch.tensor(cell0, requires_grad=True)
+    (d,) = wb.ops.neighbor_list(pos, 3.0, cell=cell, pbc=pbc, quantities="d")
+    forces, dcell = torch.autograd.grad(_energy(d), (pos, cell))
+
+    def energy_at(p, c):
+        i, j, S = wb.ops.neighbor_list(torch.tensor(p), 3.0, cell=torch.tensor(c), pbc=pbc, quantities="ijS")
+        D = torch.tensor(p)[j] - torch.tensor(p)[i] + S.double() @ torch.tensor(c)
+        return float(_energy(D.norm(dim=1)))
+
+    eps = 1e-6
+    for a, b in [(0, 0), (7, 2), (31, 1)]:
+        p1, p2 = pos0[:40].copy(), pos0[:40].copy()
+        p1[a, b] += eps
+        p2[a, b] -= eps
+        assert math.isclose(
+            float(forces[a, b]), (energy_at(p1, cell0) - energy_at(p2, cell0)) / (2 * eps), rel_tol=1e-6, abs_tol=1e-8
+        )
+    for a, b in [(0, 0), (1, 0), (2, 1)]:
+        c1, c2 = cell0.copy(), cell0.copy()
+        c1[a, b] += eps
+        c2[a, b] -= eps
+        assert math.isclose(
+            float(dcell[a, b]),
+            (energy_at(pos0[:40], c1) - energy_at(pos0[:40], c2)) / (2 * eps),
+            rel_tol=1e-6,
+            abs_tol=1e-8,
+        )
+
+
+def test_force_matching_with_create_graph_equals_plain_torch():
+    pos0, cell0, pbc, _ = STRUCTURES["cubic box"]
+    cell = torch.tensor(cell0)
+    target = torch.randn(len(pos0), 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    i, j, S = (
+        torch.tensor(q)
+        for q in ase_neighbor_list("ijS", Atoms(f"H{len(pos0)}", positions=pos0, cell=cell0, pbc=pbc), 3.0)
+    )
+
+    def step(distances):
+        scale = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+        pos = torch.tensor(pos0, requires_grad=True)
+        energy = scale * _energy(distances(pos))
+        forces = -torch.autograd.grad(energy, pos, create_graph=True)[0]
+        loss = ((forces - target) ** 2).mean()
+        return torch.autograd.grad(loss, scale)[0]
+
+    ours = step(lambda pos: wb.ops.neighbor_list(pos, 3.0, cell=cell, pbc=pbc, quantities="d")[0])
+    plain = step(lambda pos: (pos[j] - pos[i] + S.double() @ cell).norm(dim=1))
+    torch.testing.assert_close(ours, plain, rtol=1e-12, atol=1e-14)
+
+
+def test_jax_and_paddle_give_the_pairs_and_their_second_derivatives():
+    import jax
+    import jax.numpy as jnp
+    import paddle
+
+    jax.config.update("jax_enable_x64", True)
+    pos0, cell0, pbc, _ = STRUCTURES["cubic box"]
+    want = wb.ops.neighbor_list(torch.tensor(pos0), 3.0, cell=torch.tensor(cell0), pbc=pbc, quantities="ijS")
+    i, j, S = wb.ops.neighbor_list(jnp.asarray(pos0), 3.0, cell=jnp.asarray(cell0), pbc=pbc, quantities="ijS")
+    assert triples(i, j, S) == triples(*want)
+    # under jax.grad the pairs come first, outside the trace; D from them inside
+
+    def energy(p):
+        return _energy(jnp.linalg.norm(p[j] - p[i] + S.astype(p.dtype) @ jnp.asarray(cell0), axis=1))
+
+    hvp = jax.grad(lambda p: jnp.vdot(jax.grad(energy)(p), jnp.ones_like(p)))(jnp.asarray(pos0))
+    pt = torch.tensor(pos0, requires_grad=True)
+    (d,) = wb.ops.neighbor_list(pt, 3.0, cell=torch.tensor(cell0), pbc=pbc, quantities="d")
+    g = torch.autograd.grad(_energy(d), pt, create_graph=True)[0]
+    np.testing.assert_allclose(np.asarray(hvp), torch.autograd.grad(g.sum(), pt)[0].numpy(), rtol=1e-10, atol=1e-10)
+    pp = paddle.to_tensor(pos0, stop_gradient=False)
+    (dp,) = wb.ops.neighbor_list(pp, 3.0, cell=paddle.to_tensor(cell0), pbc=pbc, quantities="d")
+    (gp,) = paddle.grad(_energy(dp), pp, create_graph=True)
+    (hp,) = paddle.grad(gp.sum(), pp)
+    np.testing.assert_allclose(hp.numpy(), np.asarray(hvp), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(cutoff=-1.0), r"'cutoff' must be"),
+        (dict(cutoff=math.nan), r"'cutoff' must be"),
+        (dict(cell=torch.zeros(3, 3, dtype=torch.float64)), r"the cell of structure 0 is singular"),
+        (dict(cell=None, pbc=True), r"'pbc' needs a 'cell'"),
+        (dict(batch=torch.tensor([0, 0, 1])), r"'batch' must have one structure number per atom \(4\), got 3"),
+        (
+            dict(batch=torch.tensor([0, 0, 0, 0]), batch_ptr=torch.tensor([0, 4])),
+            r"pass 'batch' or 'batch_ptr', not both",
+        ),
+        (dict(batch_ptr=torch.tensor([0, 5])), r"'batch_ptr' must rise from 0 to the number of atoms \(4\)"),
+        (dict(quantities="ijx"), r"'quantities' must be a string of i, j, S, d, D"),
+        (dict(cell=torch.eye(3)), r"'cell' must be float64 \(3, 3\)"),
+    ],
+)
+def test_bad_input_is_refused_by_name(kwargs, message):
+    args = dict(cutoff=2.0, cell=torch.eye(3, dtype=torch.float64) * 5) | kwargs
+    cutoff = args.pop("cutoff")
+    with pytest.raises(wb.WarpBridgeError, match=r"^neighbor_list\(\): " + message):
+        wb.ops.neighbor_list(torch.rand(4, 3, dtype=torch.float64), cutoff, **args)
