@@ -217,3 +217,12 @@ def test_bad_input_is_refused_by_name(kwargs, message):
     cutoff = args.pop("cutoff")
     with pytest.raises(wb.WarpBridgeError, match=r"^neighbor_list\(\): " + message):
         wb.ops.neighbor_list(torch.rand(4, 3, dtype=torch.float64), cutoff, **args)
+
+
+def test_second_order_through_a_warp_adjoint_names_the_integer_pairs_recipe():
+    pos = torch.rand(30, 3, dtype=torch.float64, requires_grad=True)
+    nb = wb.ops.radius(pos, pos, 0.5)
+    with pytest.raises(
+        wb.WarpBridgeError, match=r"second-order gradients are not supported.*neighbor_list\(\.\.\., quantities='ijS'\)"
+    ):
+        torch.autograd.grad((nb.distance**2).sum(), pos, create_graph=True)

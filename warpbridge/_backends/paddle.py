@@ -108,14 +108,14 @@ class _Paddle(Backend):
         return values
 
 
-def refuse_second_order(name: str) -> None:
+def refuse_second_order(op: Any) -> None:
     """Paddle runs a PyLayer's backward with gradients enabled only under create_graph=True:
     Warp's adjoint is not differentiable again, so refuse instead of cutting the graph."""
     if paddle.is_grad_enabled():
         raise fail(
-            name,
+            op.name,
             "second-order gradients are not supported: paddle.grad(..., create_graph=True) would need the "
-            "gradient of Warp's adjoint. Differentiate once (without create_graph)",
+            "gradient of Warp's adjoint. " + op.second_order_advice,
         )
 
 
@@ -157,7 +157,7 @@ class _Apply(PyLayer):
 
     @staticmethod
     def backward(ctx: Any, *grads: paddle.Tensor) -> Any:
-        refuse_second_order(ctx.op.name)
+        refuse_second_order(ctx.op)
         saved = ctx.saved_tensor()
         tensors, outputs = saved[: ctx.n_inputs], list(saved[ctx.n_inputs :]) or None
         op, pr = ctx.op, ctx.pr

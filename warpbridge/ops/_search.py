@@ -118,7 +118,16 @@ def declare_both(tag: str, specs: dict) -> types.SimpleNamespace:
             backward=backward and _named(_declared.one_cloud(backward, _declared.no_batch), f"{name}_backward_{tag}"),
             **options,
         )
+    for declared in ops.values():
+        declared.second_order_advice = SECOND_ORDER_ADVICE
     return types.SimpleNamespace(**ops)
+
+
+SECOND_ORDER_ADVICE = (
+    "For distances differentiable to any order (force matching, stress, Hessians), take the integer pairs "
+    "(wb.ops.neighbor_list(..., quantities='ijS'), or the indices of knn/radius) and build the distances with "
+    "your framework's operations; see docs/atomistic.md"
+)
 
 
 def _named(fn: Any, qualname: str) -> Any:

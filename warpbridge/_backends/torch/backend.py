@@ -281,15 +281,15 @@ def save_for_backward(ctx: Any, float_outputs: Sequence[bool], inputs: Sequence,
         ctx.mark_non_differentiable(*plain)
 
 
-def refuse_second_order(name: str) -> None:
+def refuse_second_order(op: Any) -> None:
     """Raise if the engine runs this backward under ``create_graph=True``: Warp's adjoint is not
     differentiable again, and a gradient silently cut from the graph would be wrong."""
     if torch.is_grad_enabled():
         raise _errors.fail(
-            name,
+            op.name,
             "second-order gradients are not supported: backward(create_graph=True) / autograd.grad(..., "
             "create_graph=True) would need the gradient of Warp's adjoint, which warpbridge cannot provide. "
-            "Differentiate once (without create_graph), or take finite differences of the gradient",
+            + op.second_order_advice,
         )
 
 
@@ -376,7 +376,7 @@ class _Apply(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        refuse_second_order(ctx.call.op.name)
+        refuse_second_order(ctx.call.op)
         return _Apply._backward(ctx, *grads)
 
     @staticmethod

@@ -162,10 +162,11 @@ class _Backward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple:
+        advice = getattr(getattr(ctx.rule, "op", None), "second_order_advice", "Differentiate once")
         raise fail(
             ctx.rule.name,
             "second-order gradients (grad of grad, hessian) are not supported: Warp's adjoint is not "
-            "differentiable again. Differentiate once, or use finite differences of the gradient",
+            f"differentiable again. {advice}",
         )
 
     @staticmethod

@@ -182,7 +182,7 @@ def _register(op: WarpOp, name: str) -> Any:
         ctx.out_meta = [(o.shape, o.dtype) for o in outs]
 
     def backward(ctx: Any, *grads: Any) -> tuple:
-        _core.refuse_second_order(op.name)
+        _core.refuse_second_order(op)
         needs = [bool(ctx.needs_input_grad[p.position]) and p.differentiable for p in sig.array_inputs]
         result: list[Any] = [None] * n_args
         if not any(needs):
