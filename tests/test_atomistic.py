@@ -226,3 +226,18 @@ def test_second_order_through_a_warp_adjoint_names_the_integer_pairs_recipe():
         wb.WarpBridgeError, match=r"second-order gradients are not supported.*neighbor_list\(\.\.\., quantities='ijS'\)"
     ):
         torch.autograd.grad((nb.distance**2).sum(), pos, create_graph=True)
+
+
+def test_atoms_that_are_not_finite_have_no_pairs_and_a_runaway_cutoff_is_refused():
+    pos0, cell0, pbc, cutoff = STRUCTURES["cubic box"]
+    pos = torch.tensor(pos0)
+    pos[5, 1] = math.nan
+    pos[9] = math.inf
+    i, j, S = wb.ops.neighbor_list(pos, cutoff, cell=torch.tensor(cell0), quantities="ijS")
+    assert not ((i == 5) | (j == 5) | (i == 9) | (j == 9)).any()
+    keep = [a for a in range(len(pos0)) if a not in (5, 9)]
+    rest = wb.ops.neighbor_list(torch.tensor(pos0[keep]), cutoff, cell=torch.tensor(cell0), quantities="ijS")
+    index = torch.tensor(keep)
+    assert triples(i, j, S) == triples(index[rest[0]], index[rest[1]], rest[2])
+    with pytest.raises(wb.WarpBridgeError, match=r"^neighbor_list\(\): a cutoff of 400.0 spans .* images to consider"):
+        wb.ops.neighbor_list(torch.rand(64, 3, dtype=torch.float64), 400.0, cell=torch.eye(3, dtype=torch.float64))

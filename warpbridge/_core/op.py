@@ -84,7 +84,9 @@ class WarpOp:
             warp_runtime.ensure_init()  # the caller may go on with Warp calls that need the runtime
         self.name = name
         # what a second-order refusal advises instead (the neighbour ops name their recipe)
-        self.second_order_advice = "Differentiate once (without create_graph), or take finite differences of the gradient"
+        self.second_order_advice = (
+            "Differentiate once (without create_graph), or take finite differences of the gradient"
+        )
         self.sig = Signature(fn, num_outputs, name, aux, outputs=outputs, in_out=in_out)
         # A generic kernel (``Any`` types) is a template: each call runs the instance for its
         # arrays' dtypes (``instance``), made once per binding.

@@ -21,6 +21,7 @@ from ._lists import radius
 from ._search import adapter_of, positive
 
 QUANTITIES = "ijSdD"
+MAX_IMAGES = 1 << 27  # the most periodic images of a structure a call considers (a few GiB of host memory)
 
 
 def neighbor_list(
@@ -169,6 +170,14 @@ def _images(x: np.ndarray, cell: np.ndarray, periodic: np.ndarray, cutoff: float
     wrap = np.where(periodic, np.floor(frac), 0.0).astype(np.int64)
     heights = 1.0 / np.linalg.norm(inverse, axis=0)  # between the lattice planes of each axis
     reach = np.where(periodic, np.ceil(cutoff / heights), 0).astype(np.int64)
+    candidates = int(np.prod(2 * reach + 1)) * len(x)
+    if candidates > MAX_IMAGES:
+        raise fail(
+            "neighbor_list",
+            f"a cutoff of {cutoff} spans {reach.tolist()} cells along the axes of a cell with lattice-plane spacings "
+            f"{np.round(heights, 6).tolist()}: {candidates:,} images to consider, more than {MAX_IMAGES:,}; "
+            "use a larger cell (a supercell) or a smaller cutoff",
+        )
     grid = np.meshgrid(*[np.arange(-k, k + 1) for k in reach], indexing="ij")
     shifts = np.stack([g.ravel() for g in grid], 1)
     image_frac = (frac - wrap)[None] + shifts[:, None]  # (shifts, atoms, 3)
