@@ -4,7 +4,7 @@ A 16-element float32 elementwise kernel (z = x * y), so that the numbers are ove
 arithmetic. Side by side in one process, interleaved rounds, medians of per-call times:
 
 * raw ``wp.launch`` with arrays converted once beforehand (Warp's floor for a launch);
-* the seeds' hand-written ``torch.library.custom_op`` with ``wp.from_torch`` inside, and the
+* the hand-written ``torch.library.custom_op`` with ``wp.from_torch`` inside, and the
   same with ``register_autograd`` and a backward custom op (forward + backward);
 * ``warpbridge.op``: forward under no_grad, and forward + backward.
 
@@ -33,7 +33,7 @@ import warpbridge as wb  # noqa: E402
 N = 16
 
 
-# -- the seeds' hand-written custom op (000_*.txt), for this kernel --------------------------
+# -- a hand-written custom op, as Warp's PyTorch interop guide writes one, for this kernel ----------
 
 
 @torch.library.custom_op("bench::mul_fwd", mutates_args=())

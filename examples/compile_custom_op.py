@@ -1,5 +1,5 @@
-"""A Warp kernel inside a `torch.compile(fullgraph=True)` training step (the seeds' custom-op
-example): warpbridge registers `torch.ops.warpbridge.<name>` with its fake and autograd
+"""A Warp kernel inside a `torch.compile(fullgraph=True)` training step (the custom-op
+example of Warp's PyTorch interoperability guide): warpbridge registers `torch.ops.warpbridge.<name>` with its fake and autograd
 formulas, so there is nothing to write by hand and no graph break.
 
 Run: python examples/compile_custom_op.py [--steps N]

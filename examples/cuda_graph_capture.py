@@ -1,4 +1,5 @@
-"""Capture PyTorch and Warp work in one CUDA graph (the seeds' shared-stream capture).
+"""Capture PyTorch and Warp work in one CUDA graph (the shared-stream capture of Warp's
+interoperability guide).
 
 warpbridge launches on PyTorch's current stream, so inside `torch.cuda.graph(...)` an op is
 captured like any PyTorch kernel: no Warp stream to share by hand, no ScopedCapture. The

@@ -1,9 +1,9 @@
-"""The seeds' deferred-gradient-allocation case study, with warpbridge.
+"""Deferred gradient allocation (a known Warp/PyTorch performance bug), with warpbridge.
 
 By hand, `wp.from_torch(t)` on a tensor that requires grad allocates `t.grad` during the
 forward; on CUDA, PyTorch then meets an externally allocated gradient in the backward and
-synchronises the device, every iteration (the seeds measured 98 ms against 22 ms once
-avoided, at N = 300M). warpbridge never touches `.grad` in the forward, so there is nothing
+synchronises the device, every iteration (a published write-up of the bug measured
+98 ms against 22 ms once avoided, at N = 300M). warpbridge never touches `.grad` in the forward, so there is nothing
 to avoid. This script shows both: whether `.grad` exists right after the forward, and the
 time per iteration of each path (meaningful on a GPU; on the CPU there is no sync to lose).
 

@@ -1,4 +1,4 @@
-"""The seeds' JAX scenarios with warpbridge: one WarpOp, called with jax.Arrays.
+"""The JAX scenarios of Warp's interoperability guide, with warpbridge: one WarpOp, called with jax.Arrays.
 
 Each function returns what it computed so that tests/test_examples.py can check it:
 single output, multiple outputs, vector and matrix arrays, launch and output dims (with

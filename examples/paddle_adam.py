@@ -1,4 +1,5 @@
-"""Minimise a Warp loss with Paddle's Adam (the seeds' Paddle optimisation example): the op
+"""Minimise a Warp loss with Paddle's Adam (the Paddle optimisation example of
+Warp's interoperability guide): the op
 takes Paddle tensors and gives Paddle gradients; no wp.from_paddle, no wp.Tape, no wp.init().
 
 Run: python examples/paddle_adam.py [--steps N]

@@ -1,6 +1,6 @@
 """Minimise the Rosenbrock function over 1500 points with Adam, the function written as a
-Warp kernel and made a PyTorch op by warpbridge (the seeds' autograd example, without the
-hand-written autograd.Function). Compares the Warp gradient with PyTorch's own on the way.
+Warp kernel and made a PyTorch op by warpbridge (the autograd example of Warp's
+PyTorch interoperability guide, without its hand-written autograd.Function). Compares the Warp gradient with PyTorch's own on the way.
 
 Run: python examples/rosenbrock.py [--steps N]
 """

@@ -1,5 +1,5 @@
-"""Minimise a loss written as a Warp kernel with PyTorch's Adam (the seeds' first optimisation
-example): no wp.Tape, no wp.from_torch, no gradient bookkeeping.
+"""Minimise a loss written as a Warp kernel with PyTorch's Adam (the first optimisation
+example of Warp's PyTorch interoperability guide): no wp.Tape, no wp.from_torch, no gradient bookkeeping.
 
 Run: python examples/warp_loss_adam.py [--steps N]
 """
