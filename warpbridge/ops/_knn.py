@@ -24,7 +24,8 @@ def knn(query: Any, ref: Any, k: int, *, query_batch: Any = None, ref_batch: Any
     ``knn(x, y, k)`` takes the searched set ``x`` first).
 
     Args:
-        query: (M, D) query points, D from 1 to 16 (3-D is the fastest path).
+        query: (M, D) query points, D from 1 to 4096 (3-D is the fastest path; past 16, an exact
+            brute force per cloud).
         ref: (N, D) reference points, same D.
         k: neighbours per query, ``k >= 1``; rows past a cloud's size are padded.
         query_batch, ref_batch: (M,) and (N,) int64 cloud numbers, sorted (PyG's batch
