@@ -102,12 +102,11 @@ def gradient_structs(T: Any, V: Any, V4: Any, struct: Any) -> dict:
         # What a kNN search aggregates as it goes (knn_aggregate, knn_interpolate): the rows of
         # `features` of the found points into `out`, weighted by softmax(-d / sigma), or with
         # inverse_square by PyG's knn_interpolate weights 1 / max(d^2, 1e-16); `features`
-        # empty: a plain search. `count`, where not empty, gets each row's number found.
+        # empty: a plain search.
         features: wp.array2d(dtype=T)
         out: wp.array2d(dtype=T)
         sigma: T
         inverse_square: wp.int32
-        count: wp.array(dtype=wp.int64)
 
     class Pairs:
         # The CPU radius backward's pair list: pair k is (query, ref), with its weight p and

@@ -249,6 +249,7 @@ def knn_search(
     offset: int,
     dist: wp.array2d(dtype=T),
     idx: wp.array2d(dtype=wp.int64),
+    count: wp.array(dtype=wp.int64),
     aggregation: Aggregation,
 ):
     # With a non-empty `aggregation.out`, also aggregates while the row is hot in cache.
@@ -258,12 +259,12 @@ def knn_search(
     knn_query(query[i], tree.order, tree.points, tree.lo, tree.hi, tree.min_index, c, k, i, dist, idx, features)
     if aggregation.out.shape[0] > 0:
         aggregate_row(features, dist, idx, aggregation.sigma, aggregation.inverse_square, i, aggregation.out)
-    if aggregation.count.shape[0] > 0:
+    if count.shape[0] > 0:
         found = int(0)
         for n in range(idx.shape[1]):
             if idx[i, n] >= wp.int64(0):
                 found += 1
-        aggregation.count[i] = wp.int64(found)
+        count[i] = wp.int64(found)
 
 
 @kernel
