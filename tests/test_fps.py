@@ -161,6 +161,12 @@ def test_numpy_jax_and_paddle_give_torchs_samples():
     jax.config.update("jax_enable_x64", True)  # int64 batch vectors
     got = wb.ops.fps(jnp.asarray(pos.numpy()), 0.3, batch=jnp.asarray(batch.numpy()), random_start=False)
     assert np.array_equal(np.asarray(got), want.numpy())
+    one_cloud = jax.jit(lambda p: wb.ops.fps(p, 0.3, random_start=False))(jnp.asarray(pos.numpy()))  # a static size
+    assert np.array_equal(np.asarray(one_cloud), wb.ops.fps(pos, 0.3, random_start=False).numpy())
+    with pytest.raises(wb.WarpBridgeError, match=r"^fps\(\): the number of samples depends on the data"):
+        jax.jit(lambda p, b: wb.ops.fps(p, 0.3, batch=b, random_start=False))(
+            jnp.asarray(pos.numpy()), jnp.asarray(batch.numpy())
+        )
     with pytest.raises(wb.WarpBridgeError, match=r"^fps\(\): random_start=True .*JAX keeps no global random state"):
         wb.ops.fps(jnp.asarray(pos.numpy()), 0.3)
     got = wb.ops.fps(paddle.to_tensor(pos.numpy()), 0.3, batch=paddle.to_tensor(batch.numpy()), random_start=False)
