@@ -74,6 +74,14 @@ def _knn_graph_search(k, x, batch, kk, skip_self, idx, ptr):
     m, device = x.shape[0], x.device
     dist = wp.empty(idx.shape, dtype=k.T, device=device)
     _declared_knn.knn_forward(k, x, x, idx.shape[1], dist, idx, wp.empty(m, dtype=wp.int32, device=device), batch)
+    graph_offsets(k, idx, kk, skip_self, ptr)
+
+
+def graph_offsets(k, idx, kk, skip_self, ptr):
+    """The offsets of each point's edges (at most kk of its nearest ``idx``, itself left out
+    with ``skip_self``, see ``knn_edge_counts``) into ``ptr``. ``k``: any kernels of the float
+    type (these read indices only)."""
+    m, device = idx.shape[0], idx.device
     counts = wp.empty(m, dtype=wp.int64, device=device)
     _declared.launch(k.knn_edge_counts, m, [idx, kk, skip_self], [counts], device)
     _declared.launch(k.list_offsets, 1, [counts, kk], [ptr], device)

@@ -13,7 +13,7 @@ import warp as wp
 
 from .._core import cpu_launch
 from . import _batches, _declared, _tree, kdtree
-from ._declared_lists import graph_width
+from ._declared_lists import graph_offsets, graph_width
 
 BLOCK = kdtree.brute.QUERIES_PER_BLOCK
 
@@ -73,13 +73,10 @@ def declared(dtype: str) -> dict:
             )
 
     def knn_graph_search(x: Rows, batch: Batch, k: int, skip_self: int, idx: Index, ptr: Batch):
-        device, m = x.device, x.shape[0]
+        device = x.device
         dist = wp.empty(idx.shape, dtype=T, device=device)
         knn_rows("knn_graph", x, x, batch, batch, dist, idx, None)
-        counts = wp.empty(m, dtype=wp.int64, device=device)
-        edges = _tree.kernels_for(dtype, device)  # the 3-D module's edge kernels read indices only
-        _declared.launch(edges.knn_edge_counts, m, [idx, k, skip_self], [counts], device)
-        _declared.launch(edges.list_offsets, 1, [counts, k], [ptr], device)
+        graph_offsets(_tree.kernels_for(dtype, device), idx, k, skip_self, ptr)  # the 3-D module's
 
     def knn_dims(query, ref, query_batch, ref_batch, k):
         return {"dist": (query[0], k), "idx": (query[0], k), "count": (query[0],)}

@@ -9,9 +9,9 @@ import functools
 import numbers
 from typing import Any, NamedTuple
 
-from .._core.errors import WarpBridgeError, describe, fail
+from .._core.errors import describe, fail
 from . import _declared_lists
-from ._search import adapter_of, batches, check_clouds, declared_op, positive, widen
+from ._search import adapter_of, batches, check_clouds, declared_op, k_of, positive, size_on_host, widen
 
 # The most pairs one list may hold: the kernels address its rows with 32-bit places.
 MAX_PAIRS = (1 << 31) - 1
@@ -125,11 +125,7 @@ def knn_graph(x: Any, k: int, *, batch: Any = None, loop: bool = False) -> Any:
     dtype = check_clouds(op, a, {"x": x})
     skip_self = _skip_self(op, loop)
     n = a.info(x)[1][0]
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-        raise fail(op, f"'k' must be an int, got {describe(k)}")
-    if k < 1:
-        raise fail(op, f"'k' must be at least 1, got {int(k)}")
-    k = min(int(k), n)  # no point has more neighbours than the cloud has points
+    k = min(k_of(op, k, 0), n)  # no point has more neighbours than the cloud has points (0: no (M, k) array)
     if n * _declared_lists.graph_width(n, k, skip_self) > MAX_PAIRS:
         raise fail(op, f"N * k = {n * k:,} edges, more than one graph holds ({MAX_PAIRS:,}, 32-bit places)")
     clouds = batches(op, a, {"x": x}, {"batch": batch})
@@ -181,14 +177,8 @@ def _pairs(op: str, adapter: Any, ptr: Any, instead: str = "") -> int:
     ``torch.compile``, a symbolic size). Each public function calls this itself: a compiler
     that breaks its graph there resumes in that function, whose constants never change,
     rather than in a helper shared by all. ``instead``: what to call under a tracer."""
-    try:
-        return adapter.int_at(ptr, -1, MAX_PAIRS, functools.partial(_too_many, op))
-    except WarpBridgeError:
-        raise
-    except Exception as e:  # a tracer (jax.jit): the size of the result depends on the data
-        raise fail(
-            op, f"the number of neighbour pairs depends on the data and cannot be read while tracing{instead}: {e}"
-        ) from e
+    refuse = functools.partial(_too_many, op)
+    return size_on_host(op, adapter, ptr, MAX_PAIRS, refuse, "the number of neighbour pairs", instead)
 
 
 def _fill(c: _Counted, n_pairs: int) -> tuple:

@@ -10,7 +10,7 @@ import numpy as np
 from .._core.errors import WarpBridgeError, describe, fail
 from . import _declared_sampling
 from ._batches import MAX_CLOUDS
-from ._search import adapter_of, batches, check_clouds, declared_op, widen
+from ._search import adapter_of, batches, check_clouds, declared_op, size_on_host, widen
 
 # The most samples one call returns: the kernel addresses them with 32-bit places.
 MAX_SAMPLES = (1 << 31) - 1
@@ -102,9 +102,4 @@ def _last(op: str, a: Any, values: Any, at_most: int) -> int:
     def too_many(value: int) -> WarpBridgeError:
         return fail(op, f"{value:,} is more than one call handles ({at_most:,})")
 
-    try:
-        return a.int_at(values, -1, at_most, too_many)
-    except WarpBridgeError:
-        raise
-    except Exception as e:  # a tracer (jax.jit): the size of the result depends on the data
-        raise fail(op, f"the number of samples depends on the data and cannot be read while tracing: {e}") from e
+    return size_on_host(op, a, values, at_most, too_many, "the number of samples")

@@ -13,7 +13,7 @@ import types
 from typing import Any
 
 from .._core import op as _op
-from .._core.errors import describe, fail
+from .._core.errors import WarpBridgeError, describe, fail
 from .._core.launch_function import reads_only_inputs
 from .._core.op import op as _declare
 from . import _declared, _declared_knn, _declared_lists, _declared_rows, _declared_sampling
@@ -276,6 +276,18 @@ def run_declared(op: str, arrays: dict[str, Any], clouds: dict[str, Any], **numb
     if isinstance(result, tuple):  # knn's (dist, idx, count)
         return (a.cast(result[0], half), *result[1:])
     return a.cast(result, half)
+
+
+def size_on_host(op: str, a: Any, values: Any, at_most: int, refuse: Any, what: str, instead: str = "") -> int:
+    """``values[-1]``, a result's size, read on the host (under ``torch.compile``, a symbolic
+    size); ``refuse(value)`` is raised above ``at_most``. Under a tracer that cannot read
+    values (``jax.jit``), an error saying ``what`` depends on the data, and ``instead``."""
+    try:
+        return a.int_at(values, -1, at_most, refuse)
+    except WarpBridgeError:
+        raise
+    except Exception as e:  # a tracer: the size of the result depends on the data
+        raise fail(op, f"{what} depends on the data and cannot be read while tracing{instead}: {e}") from e
 
 
 def declared_op(ops: Any, op: str, batch: list) -> Any:
