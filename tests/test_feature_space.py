@@ -6,10 +6,13 @@ by gradcheck, points that are not finite nobody's neighbour."""
 from __future__ import annotations
 
 import math
+import platform
+import types
 
 import numpy as np
 import pytest
 import torch
+import warp as wp
 
 import warpbridge as wb
 
@@ -37,6 +40,52 @@ def test_knn_in_feature_space_is_exact_on_ragged_batches(dim):
     found = torch.arange(8)[None] < count[:, None]
     assert torch.equal(idx, torch.where(found, want.indices[:, :8], -1))
     torch.testing.assert_close(dist, torch.where(found, want.values[:, :8], math.inf), rtol=1e-12, atol=1e-12)
+
+
+def _ties(dim, dtype, seed=3):
+    """Coordinates in {0, 1}: distances are square roots of small integers, most of them tied."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 2, (sum(SIZES), dim), generator=g).to(dtype)
+    return x, torch.repeat_interleave(torch.arange(len(SIZES)), torch.tensor(SIZES))
+
+
+@pytest.mark.parametrize("k", [20, 90])  # kept in registers / in the output rows (more than 64)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ties_go_to_the_smaller_index(k, dtype):
+    x, b = _ties(64, dtype)
+    dist, idx, count = wb.ops.knn(x, x, k, query_batch=b, ref_batch=b)
+    want = torch.sort(dense(x, x, b, b), dim=1, stable=True)
+    found = torch.arange(k)[None] < count[:, None]
+    assert torch.equal(count, torch.tensor(SIZES)[b].clamp(max=k))
+    assert torch.equal(idx, torch.where(found, want.indices[:, :k], -1))
+    torch.testing.assert_close(dist.double(), torch.where(found, want.values[:, :k], math.inf))
+
+
+def test_strided_queries_are_read_as_their_values():
+    x, b = _batch(40)
+    strided = x.t().contiguous().t()  # the same values, column-major
+    assert not strided.is_contiguous()
+    for got, want in zip(wb.ops.knn(strided, x, 5), wb.ops.knn(x, x, 5)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 instruction sets")
+@pytest.mark.parametrize("flags", ["-target-cpu haswell", ""])  # 32-byte (AVX2) and 16-byte (SSE2) vectors
+def test_every_vector_width_finds_the_same_neighbours(flags, monkeypatch):
+    from warpbridge.ops import kdtree
+    from warpbridge.ops.kdtree import brute, template
+
+    module = f"test_rows_{flags.split()[-1] if flags else 'sse2'}"
+    scope = template.instantiate((brute,), {"T": wp.float32}, module, {"REAL": "wp::float32"})
+    wp.set_module_options({"cpu_compiler_flags": flags}, module=wp.get_module(module))
+    names = ("rows_knn", "rows_transpose", "rows_knn_backward")
+    kernels = types.SimpleNamespace(module=module, T=wp.float32, **{n: scope[n] for n in names})
+    x, b = _ties(64, torch.float32)
+    want = wb.ops.knn(x, x, 20, query_batch=b, ref_batch=b)
+    monkeypatch.setattr(kdtree, "row_kernels", lambda scalar: kernels)
+    got = wb.ops.knn(x, x, 20, query_batch=b, ref_batch=b)
+    for ours, theirs in zip(got, want):
+        assert torch.equal(ours, theirs)
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])

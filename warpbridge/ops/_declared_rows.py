@@ -45,9 +45,13 @@ def knn_rows(op, query, ref, query_batch, ref_batch, dist, idx, count):
     k, device = kdtree.row_kernels(dist.dtype), query.device
     with_count = count if count is not None else cpu_launch.nothing((0,), wp.int64, device)
     ref_ptr, blocks = _clouds(op, query, ref, query_batch, ref_batch)
-    rt = wp.empty((ref.shape[1], ref.shape[0]), dtype=k.T, device=device)
+    rt = wp.zeros((ref.shape[1], ref.shape[0] + kdtree.brute.REF_PADDING), dtype=k.T, device=device)
     _declared.launch(k.rows_transpose, ref.shape[0], [ref], [rt], device)
-    _declared.launch(k.rows_knn, blocks.shape[0], [query, rt, ref_ptr, blocks], [dist, idx, with_count], device)
+    rows = [a if a.is_contiguous else a.contiguous() for a in (query, dist, idx)]  # the block reads rows whole
+    _declared.launch(k.rows_knn, blocks.shape[0], [rows[0], rt, ref_ptr, blocks], [*rows[1:], with_count], device)
+    for out, row in zip((dist, idx), rows[1:]):
+        if row.ptr != out.ptr:
+            wp.copy(out, row)
 
 
 @functools.cache
