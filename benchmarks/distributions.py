@@ -46,6 +46,7 @@ Usage: python benchmarks/distributions.py [--sizes 10000,100000,1000000] [--quic
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -236,11 +237,23 @@ def ckdtree_radius(q, r, f, radius, sigma):
 
 
 def available(module: str) -> bool:
+    """Whether ``module`` imports. Open3D's wheel links a system libusb that slim machines lack:
+    the ``libusb-package`` wheel's copy (the ``peers`` dependency group) is loaded first."""
+    if module == "open3d":
+        _load_libusb()
     try:
         __import__(module)
         return True
     except ImportError:
         return False
+
+
+def _load_libusb() -> None:
+    try:
+        import libusb_package
+    except ImportError:
+        return
+    ctypes.CDLL(os.path.join(os.path.dirname(libusb_package.__file__), "libusb-1.0.so"), mode=ctypes.RTLD_GLOBAL)
 
 
 # -- the run ---------------------------------------------------------------------------------

@@ -88,6 +88,102 @@ def tree_loop(x: np.ndarray, clouds: int, k: int, who: str) -> list:
     return out
 
 
+def open3d_knn(x: np.ndarray, ptr: list, k: int) -> list:
+    """Open3D's kNN (a kd-tree, its own threads) cloud by cloud."""
+    import open3d.core as o3c
+
+    out = []
+    for c in range(len(ptr) - 1):
+        cloud = o3c.Tensor.from_numpy(np.ascontiguousarray(x[ptr[c] : ptr[c + 1]]))
+        nns = o3c.nns.NearestNeighborSearch(cloud)
+        nns.knn_index()
+        out.append(nns.knn_search(cloud, k)[0].numpy())
+    return out
+
+
+def ragged_tree_loop(q: np.ndarray, qptr: list, r: np.ndarray, rptr: list, k: int, who: str, bound=np.inf) -> list:
+    """cKDTree or pykdtree cloud by cloud: the k nearest (within ``bound``) of each query."""
+    out = []
+    for c in range(len(qptr) - 1):
+        qc, rc = q[qptr[c] : qptr[c + 1]], r[rptr[c] : rptr[c + 1]]
+        if who == "cKDTree":
+            from scipy.spatial import cKDTree
+
+            out.append(cKDTree(rc).query(qc, k, distance_upper_bound=bound, workers=-1)[1])
+        else:
+            from pykdtree.kdtree import KDTree
+
+            out.append(KDTree(rc).query(qc, k, distance_upper_bound=bound)[1])
+    return out
+
+
+def open3d_ball(q: np.ndarray, qptr: list, r: np.ndarray, rptr: list, radius: float, k: int) -> list:
+    """Open3D's hybrid search (the k nearest within the radius) cloud by cloud."""
+    import open3d.core as o3c
+
+    out = []
+    for c in range(len(qptr) - 1):
+        nns = o3c.nns.NearestNeighborSearch(o3c.Tensor.from_numpy(np.ascontiguousarray(r[rptr[c] : rptr[c + 1]])))
+        nns.hybrid_index(radius)
+        out.append(nns.hybrid_search(o3c.Tensor.from_numpy(np.ascontiguousarray(q[qptr[c] : qptr[c + 1]])), radius, k))
+    return out
+
+
+def dense_ball(q: torch.Tensor, r: torch.Tensor, clouds: int, radius: float, k: int):
+    d = torch.cdist(q.view(clouds, -1, 3), r.view(clouds, -1, 3))
+    return d.masked_fill(d >= radius, math.inf).topk(k, dim=-1, largest=False)
+
+
+def unit_clouds(pos: torch.Tensor, clouds: int) -> torch.Tensor:
+    """Each cloud centred and scaled into the unit sphere (PointNet++'s input convention)."""
+    b = pos.view(clouds, -1, 3)
+    b = b - b.mean(1, keepdim=True)
+    return (b / b.norm(dim=-1).amax(1)[:, None, None]).reshape(-1, 3)
+
+
+def ball_query_row(pos: torch.Tensor, clouds: int, centres: int, radius: float, k: int) -> dict:
+    """PointNet++'s set abstraction grouping: ``centres`` fps samples per cloud, the ``k``
+    nearest references within ``radius`` of each."""
+    n = len(pos) // clouds
+    batch = torch.arange(clouds).repeat_interleave(n)
+    q = pos[wb.ops.fps(pos, num=centres, batch=batch, random_start=False)]
+    qb = torch.arange(clouds).repeat_interleave(centres)
+    qn, rn = q.numpy(), pos.numpy()
+    qptr, rptr = list(range(0, len(q) + 1, centres)), list(range(0, len(pos) + 1, n))
+    row = {
+        "warpbridge": lambda: wb.ops.radius(q, pos, radius, query_batch=qb, ref_batch=batch, max_neighbors=k),
+        "dense torch": lambda: dense_ball(q, pos, clouds, radius, k),
+        "cKDTree loop": lambda: ragged_tree_loop(qn, qptr, rn, rptr, k, "cKDTree", radius),
+        "pykdtree loop": lambda: ragged_tree_loop(qn, qptr, rn, rptr, k, "pykdtree", radius),
+    }
+    if D.available("open3d"):
+        row["Open3D loop"] = lambda: open3d_ball(qn, qptr, rn, rptr, radius, k)
+    if torch_cluster is not None:
+        row["torch_cluster"] = lambda: torch_cluster.radius(pos, q, radius, batch, qb, max_num_neighbors=k)
+    return row
+
+
+def point_transformer_row(sizes: list, k: int) -> dict:
+    """Point Transformer's kNN on a ragged batch of scans (every point's k nearest, itself included)."""
+    parts = [
+        torch.from_numpy(D.make(list(D.DISTRIBUTIONS)[c % len(D.DISTRIBUTIONS)], n, seed=c)[0]).float()
+        for c, n in enumerate(sizes)
+    ]
+    x, b = torch.cat(parts), torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    ptr, xn = [0, *np.cumsum(sizes).tolist()], x.numpy()
+    row = {
+        "warpbridge": lambda: wb.ops.knn(x, x, k, query_batch=b, ref_batch=b),
+        "dense torch": lambda: [torch.cdist(p, p).topk(k, largest=False) for p in torch.split(x, sizes)],
+        "cKDTree loop": lambda: ragged_tree_loop(xn, ptr, xn, ptr, k, "cKDTree"),
+        "pykdtree loop": lambda: ragged_tree_loop(xn, ptr, xn, ptr, k, "pykdtree"),
+    }
+    if D.available("open3d"):
+        row["Open3D loop"] = lambda: open3d_knn(xn, ptr, k)
+    if torch_cluster is not None:
+        row["torch_cluster"] = lambda: torch_cluster.knn(x, x, k, b, b)
+    return row
+
+
 def dense_interpolate(x, pos_x, pos_y, clouds, k=3):
     px, py = pos_x.view(clouds, -1, 3), pos_y.view(clouds, -1, 3)
     d2, idx = (torch.cdist(py, px, compute_mode="donot_use_mm_for_euclid_dist") ** 2).topk(k, dim=-1, largest=False)
@@ -119,9 +215,16 @@ def cases(quick: bool) -> dict:
         }
         if dim < 128:  # pykdtree takes at most 127 coordinates
             graph["pykdtree loop"] = lambda xn=xn: tree_loop(xn, 8, 20, "pykdtree")
+        if D.available("open3d"):
+            graph["Open3D loop"] = lambda xn=xn: open3d_knn(xn, list(range(0, 8 * 1024 + 1, 1024)), 21)
         if torch_cluster is not None:
             graph["torch_cluster"] = lambda x=x, b=b: torch_cluster.knn_graph(x, 20, b)
         rows[f"DGCNN knn_graph, 8 x 1024, k 20, {dim}-D"] = graph
+    sa_pos = unit_clouds(scans(16, 1024)[0], 16)
+    rows["SA1 ball query, 16 x 512 of 1024, r 0.2, K 32"] = ball_query_row(sa_pos, 16, 512, 0.2, 32)
+    sa2_pos = sa_pos[wb.ops.fps(sa_pos, num=512, batch=torch.arange(16).repeat_interleave(1024), random_start=False)]
+    rows["SA2 ball query, 16 x 128 of 512, r 0.4, K 64"] = ball_query_row(sa2_pos, 16, 128, 0.4, 64)
+    rows["Point Transformer kNN, 4 scans of 2-6k, k 16"] = point_transformer_row([2300, 4100, 3500, 5900], 16)
     fine, fb = scans(16, 1024)
     coarse_idx = wb.ops.fps(fine, 0.25, batch=fb, random_start=False)
     coarse, cb = fine[coarse_idx], fb[coarse_idx]
@@ -138,6 +241,8 @@ def cases(quick: bool) -> dict:
         "dense torch": lambda: dense_knn_graph(small, 1, 16),
         "pykdtree": lambda: tree_loop(small.numpy(), 1, 16, "pykdtree"),
     }
+    if D.available("open3d"):
+        tiny["Open3D"] = lambda: open3d_knn(small.numpy(), [0, 100], 17)
     if torch_cluster is not None:
         tiny["torch_cluster"] = lambda: torch_cluster.knn_graph(small, 16)
     rows["100-point knn_graph, k 16"] = tiny

@@ -186,11 +186,13 @@ def build_tree(
         top = max((cpu_launch.get_num_threads() - 1).bit_length(), (-(-n // SUBTREE_MAX) - 1).bit_length())
         top = min(depth, top) if n >= 4 * cpu_launch.MIN_QUERIES_PER_THREAD else 0
     # The copy takes ~2.5 ns a point; a second thread measured 27 -> 20 us at 10^4 points,
-    # 0.23 -> 0.12 ms at 10^5.
-    cpu_launch.launch_queries(
-        k.tree_init, n, cpu_launch.threads(device, n // 32), [points], [sorted_points, order], device, stream
-    )
+    # 0.23 -> 0.12 ms at 10^5. A tree of one subtree copies them in its own launch.
     parts = 1 << top
+    copy_in = parts == 1 and not by_sort
+    if not copy_in:
+        cpu_launch.launch_queries(
+            k.tree_init, n, cpu_launch.threads(device, n // 32), [points], [sorted_points, order], device, stream
+        )
     slots = min(parts, _cpu(device))
     # each subtree thread's row of records (see tree_subtrees): room for a subtree, at most ITEMS_ROOM
     room = 0 if by_sort or n == 0 else min(ITEMS_ROOM, -(-n // parts))
@@ -209,7 +211,10 @@ def build_tree(
                 k.tree_split, width, min(width, _cpu(device)), [*before, width], [], device, stream, scatter=True
             )
     boxes = [lo, hi, min_index]
-    cpu_launch.launch_queries(k.tree_subtrees, parts, slots, [*before, parts], boxes, device, stream, True, slots)
+    given = points if copy_in else cpu_launch.nothing((0,), points.dtype, device)
+    cpu_launch.launch_queries(
+        k.tree_subtrees, parts, slots, [given, *before, parts], boxes, device, stream, True, slots
+    )
     merge_boxes_up(k, boxes, parts, device, stream)
 
 

@@ -99,8 +99,12 @@ def tree_top(
 def tree_init(
     points: wp.array(dtype=V), stride: int, offset: int, pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32)
 ):
+    init_point(points, wp.tid() * stride + offset, pts, order)
+
+
+@func
+def init_point(points: wp.array(dtype=V), i: int, pts: wp.array(dtype=V), order: wp.array(dtype=wp.int32)):
     # The points to be permuted; a non-finite one becomes (+inf, +inf, +inf).
-    i = wp.tid() * stride + offset
     p = points[i]
     if not finite(p):
         p = V(T(wp.inf))
@@ -266,6 +270,7 @@ def cloud_tree(
 
 @kernel
 def tree_subtrees(
+    points: wp.array(dtype=V),
     pts: wp.array(dtype=V),
     order: wp.array(dtype=wp.int32),
     items: wp.array(dtype=Item),
@@ -281,8 +286,12 @@ def tree_subtrees(
     # `offset % stride` (of `stride`) owns that row of `items`, room for `room` records: the
     # levels whose nodes do not fit split in place; below, each node is packed into the
     # row, split down to its leaves there, and unpacked (CUDA: no rows, nothing to split).
+    # With `points` not empty (a tree of one subtree), the thread first copies them in as
+    # tree_init does: one launch less for a small cloud.
     r = wp.tid() * stride + offset
     n = pts.shape[0]
+    for i in range(points.shape[0]):
+        init_point(points, i, pts, order)
     leaves = lo.shape[0] // 2
     room = items.shape[0] // stride
     level = parts
