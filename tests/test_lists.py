@@ -101,6 +101,22 @@ def test_max_neighbors_keeps_the_closest_and_count_shows_the_cut():
     assert (full.count > 5).any()  # the cap did cut
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_capped_rows_are_the_first_of_the_full_rows_on_a_lattice(dtype):
+    """A lattice: most distances tie, and the radii fall exactly on lattice distances (d = r is
+    in). A capped row (the closest of more, found by a kNN walk bounded by the radius) is the
+    start of the full row (all of them, sorted by distance, then index), self-joins without the
+    point itself included."""
+    g = torch.arange(6.0, dtype=dtype)
+    x = torch.stack(torch.meshgrid(g, g, g, indexing="ij"), -1).reshape(-1, 3)
+    for radius, cap in [(1.0, 3), (1.0, 5), (2.0, 5), (3.0, 1)]:
+        for q, loop in ((x, True), (x[::3], True), (x, False)):
+            full = rows_of(wb.ops.radius(q, x, radius, loop=loop))
+            capped = wb.ops.radius(q, x, radius, loop=loop, max_neighbors=cap)
+            assert rows_of(capped) == [row[:cap] for row in full]
+            assert any(len(row) > cap for row in full)
+
+
 def test_loop_false_drops_only_the_point_itself():
     r, _ = cloud("duplicated points", n=1200, seed=2)
     radius = 0.05

@@ -16,6 +16,7 @@ from typing import Any
 
 import warp as wp
 
+from .._core import cpu_launch
 from . import _declared, _declared_knn, _tree
 
 # The cap on a row when there is none: more than any row can hold.
@@ -63,8 +64,19 @@ def _fill(k, query, ref, batch, ptr, order, queries, listed, radius, skip_self, 
     tree = _tree.tree_struct(k, _tree.tree_of_order(k, ref, order, forest), batch)
     before = [query, tree, radius, skip_self, cap, ptr, listed, queries]
     sources, targets = edge_rows(edges)
-    filled = _declared.struct(k.Edges, sources=sources, targets=targets, distance=distance)
+    rows_d, rows_j = (_rows_from_each(a, cap) for a in (distance, sources))
+    none = cpu_launch.nothing((0, 0), distance.dtype, query.device)
+    filled = _declared.struct(
+        k.Edges, sources=sources, targets=targets, distance=distance, rows_d=rows_d, rows_j=rows_j, none=none
+    )
     _declared.launch(k.radius_fill, query.shape[0], before, [filled], query.device)
+
+
+def _rows_from_each(a: wp.array, cap: int) -> wp.array:
+    """The 1-D ``a`` as (len, cap) rows, row s the cap entries from s on (strides of one
+    entry): where a capped row's kNN walk writes. Empty without a cap."""
+    rows = (a.shape[0], cap) if cap < NO_CAP else (0, 0)
+    return wp.array(ptr=a.ptr, dtype=a.dtype, shape=rows, strides=(a.strides[0],) * 2, device=a.device)
 
 
 def _knn_graph_search(k, x, batch, kk, skip_self, idx, ptr):

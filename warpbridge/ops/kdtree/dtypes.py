@@ -124,6 +124,11 @@ def gradient_structs(T: Any, V: Any, V4: Any, struct: Any) -> dict:
         sources: wp.array(dtype=wp.int64)
         targets: wp.array(dtype=wp.int64)
         distance: wp.array(dtype=T)
+        # The same memory as (E, cap) rows that start at every edge (strides of one element):
+        # row s is the cap entries from edge s on, where a capped query's kNN walk writes.
+        rows_d: wp.array2d(dtype=T)
+        rows_j: wp.array2d(dtype=wp.int64)
+        none: wp.array2d(dtype=T)  # empty: a kNN walk's feature rows to prefetch
 
     class Grads:
         # The gradients a backward pass writes, the per-thread copies of the reference side

@@ -104,7 +104,8 @@ def times_slope(x: T, d: T, sigma: T, inverse_square: wp.int32) -> T:
 
 # knn_query: query i's k nearest points of its cloud (see geometry.cloud_of), sorted by
 # distance, then index, into its rows of dist and idx (inf and -1 where there are fewer
-# than k points; no search for a query that is not finite). Depth first from the root: the nearer child first, the other on
+# than k points; no search for a query that is not finite); only those within `limit`
+# (inf: no limit) and not the point `skip` (-1: none). Depth first from the root: the nearer child first, the other on
 # the stack with its squared gap (box_gap2). Once the list is full, a box or a point
 # whose squared gap exceeds `b` (sq_bound of the k-th distance) is certainly farther and
 # is skipped without a square root; a box at least as far as the k-th with only larger
@@ -145,15 +146,18 @@ auto gap2 = [&](int node) -> Real { return square(gap(node)); };
 int stack[STACK];
 Real gaps[STACK];
 int sp = 0, node = 1, c = 0;
-Real g2 = (Real)0, kd = inf, b = inf;
-wp::int64 kj = -1;
+// With a finite limit the list starts as if full at it: nothing farther enters or is walked
+// (a radius list's closest k, d <= limit as its walk compares), and no tie at it is refused.
+const bool bounded = limit < inf;
+Real g2 = (Real)0, kd = bounded ? limit : inf, b = bounded ? limit * limit * (Real)1.0001 + (Real)1e-30 : inf;
+wp::int64 kj = bounded ? (wp::int64)0x7fffffffffffffffLL : -1;
 while (node > 0 || sp > 0) {
     if (node == 0) {
         --sp;
         node = stack[sp];
         g2 = gaps[sp];
     }
-    if (c == k) {
+    if (c == k || bounded) {
         bool skip = g2 > b;
         if (!skip) {
             if (b < inf) {
@@ -192,7 +196,7 @@ while (node > 0 || sp > 0) {
         if (d2 <= b) {
             const Real d = d2 < inf && d2 >= (Real)1e-30 ? wp::sqrt(d2) : norm_of(diff);
             const wp::int64 j = (wp::int64)O[t];
-            if (d < kd || (d == kd && j < kj)) {
+            if ((d < kd || (d == kd && j < kj)) && j != skip) {
                 int pos = c < k - 1 ? c : k - 1;
                 while (pos > 0) {
                     const Real dp = D(pos - 1);
@@ -236,6 +240,8 @@ def knn_query(
     dist: wp.array2d(dtype=T),
     idx: wp.array2d(dtype=wp.int64),
     features: wp.array2d(dtype=T),
+    limit: T,
+    skip: wp.int64,
 ): ...
 
 
@@ -256,7 +262,22 @@ def knn_search(
     i = query_at(wp.tid() * stride + offset, queries)
     c = cloud_of(tree, i)
     features = aggregation.features
-    knn_query(query[i], tree.order, tree.points, tree.lo, tree.hi, tree.min_index, c, k, i, dist, idx, features)
+    knn_query(
+        query[i],
+        tree.order,
+        tree.points,
+        tree.lo,
+        tree.hi,
+        tree.min_index,
+        c,
+        k,
+        i,
+        dist,
+        idx,
+        features,
+        T(wp.inf),
+        wp.int64(-1),
+    )
     if aggregation.out.shape[0] > 0:
         aggregate_row(features, dist, idx, aggregation.sigma, aggregation.inverse_square, i, aggregation.out)
     if count.shape[0] > 0:

@@ -4,8 +4,11 @@ A list is built in two passes over the same walk (``geometry.ball_first``/``ball
 repeated in native code: ``geometry.BALL_WALK``): ``radius_count`` counts each query's
 neighbours; the caller turns the counts, capped at ``cap``, into row offsets
 (``list_offsets``); ``radius_fill`` then fills each query's row with its closest ``cap``
-neighbours (all of them when there are fewer), in ascending distance, ties by index, through
-a bounded max-heap of the row (O(count log cap) per query), and sorts it (``sort.sort_row``).
+neighbours, in ascending distance, ties by index: all of them, walked again (or read back from
+the places the count kept) and sorted (``sort.sort_row``); or, where there are more than
+``cap``, by a kNN walk bounded by the radius (``knn.knn_query``), which skips what is farther
+than the closest found so far (the full walk with a heap took 28.7 ms against 9.1 on
+PointNet++'s first ball query: 16 x 512 queries, about 233 neighbours a row, cap 32).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import warp as wp
 from . import template
 from .dtypes import Edges, Grads, T, Tree, V
 from .geometry import BALL_WALK, NORM_OF, RESUMED, cloud_of, query_at, resumed, sq_bound
-from .knn import QUERY, REF
+from .knn import QUERY, REF, knn_query
 from .rows import pull_on_distance
 from .sort import sort_row
 from .template import func, kernel
@@ -137,8 +140,8 @@ def listed_row(
 
 # walk_row: query i's row at s, holding `size` entries, from the walk standing at place
 # at[1] of leaf at[0] (its places ending at at[2]; leaf 0: from the start): every neighbour
-# in turn where they all fit, else a max-heap by (distance, index) of the `room` closest so
-# far. Returns how many entries the row holds. Native code, as count_row.
+# in turn (the row has room for all). Returns how many entries the row holds. Native code,
+# as count_row.
 _WALK_ROW_SNIPPET = r"""
 NORM_OF
 BALL_WALK
@@ -147,35 +150,11 @@ char* const ip = (char*)idx.data;
 const size_t ds = (size_t)dist.strides[0], is = (size_t)idx.strides[0];
 auto D = [&](int t) -> Real& { return *(Real*)(dp + (size_t)t * ds); };
 auto J = [&](int t) -> wp::int64& { return *(wp::int64*)(ip + (size_t)t * is); };
-auto before = [&](int a, int b) { return D(a) < D(b) || (D(a) == D(b) && J(a) < J(b)); };
-auto swap = [&](int a, int b) {
-    const Real d = D(a); D(a) = D(b); D(b) = d;
-    const wp::int64 j = J(a); J(a) = J(b); J(b) = j;
-};
 int held = size;
 walk(at[0], at[1], at[2], [&](int t, int, int) {
-    const Real d = norm_of(q - P[t]);
-    const wp::int64 j = (wp::int64)O[t];
-    if (fits || held < room) {
-        D(s + held) = d;
-        J(s + held) = j;
-        int k = held++;
-        while (!fits && k > 0 && before(s + (k - 1) / 2, s + k)) {  // up the max-heap
-            swap(s + k, s + (k - 1) / 2);
-            k = (k - 1) / 2;
-        }
-    } else if (d < D(s) || (d == D(s) && j < J(s))) {  // nearer than the heap's farthest
-        D(s) = d;
-        J(s) = j;
-        int k = 0;
-        while (2 * k + 1 < held) {  // down the max-heap
-            int c = 2 * k + 1;
-            if (c + 1 < held && before(s + c, s + c + 1)) ++c;
-            if (!before(s + k, s + c)) break;
-            swap(s + k, s + c);
-            k = c;
-        }
-    }
+    D(s + held) = norm_of(q - P[t]);
+    J(s + held) = (wp::int64)O[t];
+    ++held;
 });
 return held;
 """
@@ -190,9 +169,7 @@ def walk_row(
     radius: T,
     skip_self: int,
     i: int,
-    fits: bool,
     s: int,
-    room: int,
     size: int,
     at: wp.vec3i,
     dist: wp.array(dtype=T),
@@ -232,10 +209,32 @@ def radius_fill(
     if room < cap and (room <= listed.shape[1] or go_on[0] > 0):
         listed_row(q, tree, listed, i, kept, s, distance, index)
         if go_on[0] > 0:
-            walk_row(q, tree, c, reach, radius, skip_self, i, True, s, room, kept, go_on, distance, index)
+            walk_row(q, tree, c, reach, radius, skip_self, i, s, kept, go_on, distance, index)
+    elif room == cap and cap > 0:  # the closest cap of more: a kNN walk bounded by the radius, sorted
+        skip = wp.int64(-1)
+        if skip_self != 0:
+            skip = wp.int64(i)
+        order, points = tree.order, tree.points
+        knn_query(
+            q,
+            order,
+            points,
+            tree.lo,
+            tree.hi,
+            tree.min_index,
+            c,
+            cap,
+            s,
+            edges.rows_d,
+            edges.rows_j,
+            edges.none,
+            radius,
+            skip,
+        )
+        size = 0
     elif room > 0:
         start = wp.vec3i(0, 0, 0)
-        size = walk_row(q, tree, c, reach, radius, skip_self, i, room < cap, s, room, 0, start, distance, index)
+        size = walk_row(q, tree, c, reach, radius, skip_self, i, s, 0, start, distance, index)
     sort_row(distance, index, s, size)
     for e in range(s, s + room):
         edges.targets[e] = wp.int64(i)
