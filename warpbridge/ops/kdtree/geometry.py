@@ -213,6 +213,15 @@ auto next_leaf = [&](int node) -> int {  // as leaf_from
     return 0;
 };
 auto start_of = [&](int leaf) -> int { return first + (int)(((wp::int64)(leaf - leaves) * n) >> depth); };
+// within(diff): |diff| <= radius, as norm_of compares it; the square root only near the radius
+// (a squared distance below `inside` is within it: norm_of is sqrt there, and a radius of at
+// least 1e-10 is far above what the squares' underflow can hide).
+const Real r2 = radius * radius;
+const Real inside = r2 >= (Real)1e-20 && r2 < inf ? r2 * (Real)0.9999 : (Real)-1;
+auto within = [&](const Vec& diff) -> bool {
+    const Real d2 = square(diff);
+    return d2 <= reach && (d2 <= inside || norm_of(diff) <= radius);
+};
 """
 
 # The radius searches' whole walk, ball_first/ball_next's step for step, for native code
@@ -235,7 +244,7 @@ auto walk = [&](int leaf, int t, int e, auto&& visit) {
     while (leaf > 0) {
         for (; t < e; ++t) {
             const Vec diff = q - P[t];
-            if (square(diff) <= reach && norm_of(diff) <= radius && (skip_self == 0 || O[t] != i)) visit(t, leaf, e);
+            if (within(diff) && (skip_self == 0 || O[t] != i)) visit(t, leaf, e);
         }
         leaf = next_leaf(after(leaf));
         t = start_of(leaf);
@@ -258,7 +267,7 @@ int leaf = at[0], t = at[1], e = at[2];
 while (leaf > 0) {
     for (; t < e; ++t) {
         const Vec diff = q - P[t];
-        if (square(diff) <= reach && norm_of(diff) <= radius) return wp::vec3i(leaf, t, e);
+        if (within(diff)) return wp::vec3i(leaf, t, e);
     }
     leaf = next_leaf(after(leaf));
     t = start_of(leaf);
