@@ -28,6 +28,7 @@ STRUCTURES = {
     "pbc FFT": (rng.random((60, 3)) * 6, np.eye(3) * 6, [False, False, True], 2.5),
     "single atom, its own images": (np.zeros((1, 3)), np.eye(3) * 1.5, True, 4.0),
     "no periodicity": (rng.random((80, 3)) * 5, np.eye(3) * 5, False, 1.5),
+    "dense: rows of ~700 pairs": (rng.random((300, 3)) * 6, np.eye(3) * 6, True, 5.0),
 }
 
 
@@ -51,6 +52,28 @@ def test_the_same_pairs_and_shifts_as_ase(name, dtype):
     assert (torch.diff(i) >= 0).all() and d.dtype == dtype and (d < cutoff).all()
     want = np.linalg.norm(pos[j] - pos[i] + S.numpy() @ cell, axis=1)
     np.testing.assert_allclose(d.double().numpy(), want, rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["triclinic, pbc TFT", "dense: rows of ~700 pairs"])
+def test_values_without_gradients_are_the_built_ones_and_rows_are_sorted(name, dtype):
+    """Without a gradient to carry, D and d are the search's float64 values (cast); with one,
+    the caller's operations build them from the integers: the same pairs, values within
+    rounding, each row by distance (short rows sort by rank, long ones in place)."""
+    pos, cell, pbc, cutoff = STRUCTURES[name]
+    p, c = torch.tensor(pos, dtype=dtype), torch.tensor(cell, dtype=dtype)
+    plain = wb.ops.neighbor_list(p, cutoff, cell=c, pbc=pbc, quantities="ijSdD")
+    built = wb.ops.neighbor_list(p.clone().requires_grad_(), cutoff, cell=c, pbc=pbc, quantities="ijSdD")
+    assert built[3].requires_grad and not plain[3].requires_grad
+    for a, b in zip(plain[:3], built[:3]):
+        assert torch.equal(a, b)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    for a, b in zip(plain[3:], built[3:]):
+        torch.testing.assert_close(a, b.detach(), **tol)
+    i, d = plain[0], plain[3]
+    same_row = i[1:] == i[:-1]
+    assert (d[1:][same_row] >= d[:-1][same_row]).all()
+    assert int(torch.bincount(i).max()) > (256 if name.startswith("dense") else 0)
 
 
 # vesin 0.6 takes one periodic flag for all three axes: per-axis pbc is checked against ASE above

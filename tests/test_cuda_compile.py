@@ -38,6 +38,7 @@ MODULES = {
     "points_float32": lambda: _point_module(wp.float32),
     "points_float64_16d": lambda: _point_module(wp.float64, 16),
     "rows_float32": lambda: _row_module(wp.float32),
+    "cells": lambda: importlib.import_module("warpbridge.ops.kdtree").cell_kernels().pair_count.module,
     "tests/kernels": lambda: _load("tests/kernels.py", "kernels"),
     "tests/adjoint_kernels": lambda: _load("tests/adjoint_kernels.py", "adjoint_kernels"),
     "tests/backward_kernels": lambda: _load("tests/backward_kernels.py", "backward_kernels"),

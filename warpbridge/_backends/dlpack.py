@@ -73,6 +73,10 @@ class _Warp(WarpArrays):
         raise TypeError(f"arrays passed through DLPack are not cast; pass {dtype_name} arrays")
 
     @staticmethod
+    def differentiated(a: Any) -> bool:
+        return False  # nothing differentiates through DLPack
+
+    @staticmethod
     def take(values: Any, indices: list) -> Any:
         raise TypeError("arrays passed through DLPack are not gathered; build the wp.indexedarray yourself")
 

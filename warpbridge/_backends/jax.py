@@ -295,6 +295,9 @@ class JaxBackend(Backend):
     def from_host(self, values: Any, like: Any) -> Any:
         return jax.device_put(values, next(iter(like.devices())))
 
+    def differentiated(self, a: Any) -> bool:
+        return isinstance(a, jax.core.Tracer)  # a concrete array carries no derivative
+
     def uniform(self, like: Any, n: int) -> Any:
         raise TypeError("JAX keeps no global random state (its keys are explicit)")
 

@@ -65,6 +65,9 @@ class NumPyBackend(Backend):
     def from_host(self, values: np.ndarray, like: np.ndarray) -> np.ndarray:
         return values
 
+    def differentiated(self, a: np.ndarray) -> bool:
+        return False  # NumPy differentiates nothing
+
     def uniform(self, like: np.ndarray, n: int) -> np.ndarray:
         return np.random.random(n)  # NumPy's global state, which np.random.seed sets
 

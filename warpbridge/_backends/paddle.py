@@ -97,6 +97,10 @@ class _Paddle(Backend):
         return paddle.to_tensor(values, place=like.place)
 
     @staticmethod
+    def differentiated(a: paddle.Tensor) -> bool:
+        return paddle.is_grad_enabled() and not a.stop_gradient
+
+    @staticmethod
     def uniform(like: paddle.Tensor, n: int) -> paddle.Tensor:
         return paddle.rand([n], dtype="float64").to(like.place)
 

@@ -107,6 +107,11 @@ class Backend:
         its seed functions set), on ``like``'s device; TypeError where it keeps none."""
         raise TypeError(f"{self.array_name} has no global random state to draw from")
 
+    def differentiated(self, a: Any) -> bool:
+        """Whether a gradient may flow into ``a`` from what is computed now (True where the
+        framework cannot tell)."""
+        return True
+
     def take(self, values: Any, indices: Sequence[Any]) -> Any:
         """``values`` gathered along each dimension by its index array (None: all of it),
         differentiably: what a ``wp.indexedarray(values, indices)`` parameter reads."""

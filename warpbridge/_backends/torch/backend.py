@@ -148,6 +148,10 @@ class _Torch(Backend):
         return torch.from_numpy(values).to(like.device)
 
     @staticmethod
+    def differentiated(a: torch.Tensor) -> bool:
+        return torch.is_grad_enabled() and a.requires_grad
+
+    @staticmethod
     def uniform(like: torch.Tensor, n: int) -> torch.Tensor:
         return torch.rand(n, dtype=torch.float64, device=like.device)
 

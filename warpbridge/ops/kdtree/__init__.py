@@ -53,7 +53,7 @@ from typing import Any
 
 import warp as wp
 
-from . import brute, build, dtypes, geometry, knn, lists, morton, partition, radius, rows, sampling, sort
+from . import brute, build, cells, dtypes, geometry, knn, lists, morton, partition, radius, rows, sampling, sort
 from .template import instantiate
 
 # The most points per leaf: the fewest levels that leave at most this many, so 11 to 22 per
@@ -97,6 +97,16 @@ def row_kernels(scalar: Any) -> Any:
     scope = instantiate((brute,), {"T": scalar}, module, {"REAL": real})
     return _Kernels(
         module=module, T=scalar, **{n: scope[n] for n in ("rows_knn", "rows_transpose", "rows_knn_backward")}
+    )
+
+
+@functools.cache
+def cell_kernels() -> Any:
+    """The cell list's kernels (``cells``), float64, in a module of their own."""
+    module = "warpbridge_cells"
+    scope = instantiate((cells,), {"T": wp.float64}, module, {})
+    return _Kernels(
+        module=module, Grid=cells.Grid, vec3l=cells.vec3l, **{n: scope[n] for n in ("pair_count", "pair_fill")}
     )
 
 

@@ -1,0 +1,132 @@
+"""The host side of the cell list (``kdtree.cells``): each structure's bins, its atoms sorted
+into them, and the count and fill passes over all structures at once.
+
+Bins are cut in fractional coordinates: along a periodic axis the cell's [0, 1), along one
+that is not the atoms' own range. Each bin is at least a cutoff thick between its lattice
+planes (with a relative margin of 1e-9, so that rounding never puts a pair two bins apart),
+so a walk visits the 27 bins around an atom's own; a cell thinner than the cutoff along an
+axis has one bin there and a walk reaches across as many cells as the cutoff spans.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import warp as wp
+
+from .._core.errors import fail
+from . import _declared, kdtree
+
+MAX_VISITS = 1 << 27  # the most (atom, cell image) pairs a structure's walks may visit
+_MARGIN = 1.0 + 1e-9
+
+
+def pairs(
+    pos: np.ndarray,
+    starts: np.ndarray,
+    cells: np.ndarray,
+    periodic: np.ndarray,
+    cutoff: float,
+    full: bool,
+    vectors: bool,
+):
+    """(i, j, S, d, D) of every pair closer than ``cutoff``, rows by i, each sorted by distance
+    (ties in the walk's order); d and D float64 values (D None unless ``vectors``). ``pos``:
+    (N, 3) float64, the structures' atoms at ``starts``."""
+    n, k, device = len(pos), kdtree.cell_kernels(), wp.get_device("cpu")
+    parts = [_structure(pos[s:e], cells[b], periodic[b], cutoff) for b, (s, e) in enumerate(zip(starts, starts[1:]))]
+    home, bins, grid = _layout(k, parts, n)
+    home_w, place = wp.array(home, dtype=wp.vec4i, device=device), wp.array(bins, dtype=wp.int32, device=device)
+    before = [home_w, place, grid, float(cutoff) ** 2, int(full)]
+    counts = wp.empty(n, dtype=wp.int64, device=device)
+    _declared.launch(k.pair_count, n, before, [counts], device)
+    count = counts.numpy()
+    offsets = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
+    e = int(offsets[-1])
+    js, dist = wp.empty(e, dtype=wp.int64, device=device), wp.empty(e, dtype=wp.float64, device=device)
+    shifts = wp.empty(e, dtype=k.vec3l, device=device)
+    vec = wp.empty(e if vectors else 0, dtype=wp.vec3d, device=device)
+    offsets_w = wp.array(offsets, dtype=wp.int64, device=device)
+    _declared.launch(k.pair_fill, n, [*before, offsets_w], [js, shifts, dist, vec], device)
+    i = np.repeat(np.arange(n, dtype=np.int64), count)
+    return i, js.numpy(), shifts.numpy().reshape(e, 3), dist.numpy(), vec.numpy().reshape(e, 3) if vectors else None
+
+
+def _structure(x: np.ndarray, cell: np.ndarray, periodic: np.ndarray, cutoff: float) -> dict:
+    """One structure's grid: its lattice (the cell, or the identity without periodic axes),
+    wrapped points and wraps, each atom's bin (-1 rows where not finite), bins and reach."""
+    lattice = cell if periodic.any() else np.eye(3)
+    inverse = np.linalg.inv(lattice)
+    finite = np.isfinite(x).all(1)
+    frac = np.where(finite[:, None], x, 0.0) @ inverse
+    wrap = np.where(periodic, np.floor(frac), 0.0).astype(np.int64)
+    frac -= wrap
+    heights = 1.0 / np.linalg.norm(inverse, axis=0)  # between the lattice planes of each axis
+    inner = frac[finite] if finite.any() else np.zeros((1, 3))
+    lo = np.where(periodic, 0.0, inner.min(0))
+    span = np.where(periodic, 1.0, inner.max(0) - lo)
+    thickness = span * heights
+    shape = np.maximum(1, np.floor(thickness / (cutoff * _MARGIN))).astype(np.int64)
+    while shape.prod() > 2 * len(x) + 8:  # sparse clusters: no more bins than atoms to fill them
+        shape[np.argmax(shape)] //= 2
+    width = thickness / shape
+    reach = np.where(width > 0, np.ceil(cutoff * _MARGIN / np.where(width > 0, width, 1.0)), 0).astype(np.int64)
+    reach = np.where(periodic, reach, np.minimum(reach, shape - 1))
+    _check_visits(len(x), reach, heights, cutoff)
+    scaled = np.where(span > 0, (frac - lo) / np.where(span > 0, span, 1.0), 0.0) * shape
+    coords = np.clip(np.floor(scaled), 0, shape - 1).astype(np.int64)
+    coords[~finite] = -1
+    return dict(
+        lattice=lattice,
+        points=x - wrap @ lattice,
+        wrap=wrap,
+        coords=coords,
+        shape=shape,
+        reach=reach,
+        periodic=periodic,
+    )
+
+
+def _check_visits(atoms: int, reach: np.ndarray, heights: np.ndarray, cutoff: float) -> None:
+    visits = int(np.prod(2 * reach + 1)) * atoms
+    if visits > MAX_VISITS:
+        raise fail(
+            "neighbor_list",
+            f"a cutoff of {cutoff} spans {reach.tolist()} cells along the axes of a cell with lattice-plane spacings "
+            f"{np.round(heights, 6).tolist()}: {visits:,} images to consider, more than {MAX_VISITS:,}; "
+            "use a larger cell (a supercell) or a smaller cutoff",
+        )
+
+
+def _layout(k, parts: list, n: int) -> tuple:
+    """(each atom's (bin x, y, z, structure), -1 first where not finite; each atom's place in
+    bin order; the Grid of all structures)."""
+    firsts = np.concatenate([[0], np.cumsum([p["shape"].prod() for p in parts])]).astype(np.int64)
+    coords = np.concatenate([p["coords"] for p in parts]) if parts else np.zeros((0, 3), np.int64)
+    structure = np.repeat(np.arange(len(parts)), [len(p["coords"]) for p in parts])
+    shape = np.array([p["shape"] for p in parts]).reshape(-1, 3)
+    finite = coords[:, 0] >= 0
+    bin_id = np.where(finite, firsts[structure] + (coords[:, 0] * shape[structure, 1] + coords[:, 1]) * shape[structure, 2] + coords[:, 2], firsts[-1])  # fmt: skip
+    order = np.argsort(bin_id, kind="stable")
+    place = np.empty(n, dtype=np.int32)
+    place[order] = np.arange(n, dtype=np.int32)
+    bin_start = np.searchsorted(bin_id[order], np.arange(firsts[-1] + 1)).astype(np.int32)
+    home = np.concatenate([coords, structure[:, None]], 1).astype(np.int32)
+    points = np.concatenate([p["points"] for p in parts]) if parts else np.zeros((0, 3))
+    wrap = np.concatenate([p["wrap"] for p in parts]) if parts else np.zeros((0, 3), np.int64)
+    bits = np.array([int(p["periodic"] @ [1, 2, 4]) for p in parts], dtype=np.int64).reshape(-1, 1)
+    device = wp.get_device("cpu")
+    grid = _declared.struct(
+        k.Grid,
+        cells=wp.array(np.array([p["lattice"] for p in parts]).reshape(-1, 3, 3), dtype=wp.vec3d, device=device),
+        shape=wp.array(np.concatenate([shape, firsts[:-1, None]], 1).astype(np.int32), dtype=wp.vec4i, device=device),
+        reach=wp.array(
+            np.concatenate([np.array([p["reach"] for p in parts]).reshape(-1, 3), bits], 1).astype(np.int32),
+            dtype=wp.vec4i,
+            device=device,
+        ),  # fmt: skip
+        points=wp.array(np.ascontiguousarray(points[order]), dtype=wp.vec3d, device=device),
+        atoms=wp.array(order.astype(np.int32), dtype=wp.int32, device=device),
+        bin_start=wp.array(bin_start, dtype=wp.int32, device=device),
+        wrap=wp.array(np.ascontiguousarray(wrap), dtype=k.vec3l, device=device),
+    )
+    return home, place, grid
