@@ -45,6 +45,10 @@ def cases() -> dict:
         out[f"knn k=16, {n} points"] = lambda ref=ref: wb.ops.knn(ref, ref, 16)
         out[f"radius_graph ~16 nb, {n} points"] = lambda ref=ref, r=r: wb.ops.radius_graph(ref, r)
         out[f"knn_graph k=16, {n} points"] = lambda ref=ref: wb.ops.knn_graph(ref, 16)
+    for n in (100, 1_000, 10_000):  # liquid-like periodic boxes: density 0.1, cutoff 5
+        g, side = torch.Generator().manual_seed(n), (n / 0.1) ** (1 / 3)
+        pos, cell = torch.rand(n, 3, generator=g, dtype=torch.float64) * side, torch.eye(3, dtype=torch.float64) * side
+        out[f"neighbor_list, periodic, {n} atoms"] = lambda p=pos, c=cell: wb.ops.neighbor_list(p, 5.0, cell=c)
     return out
 
 

@@ -264,3 +264,22 @@ def test_atoms_that_are_not_finite_have_no_pairs_and_a_runaway_cutoff_is_refused
     assert triples(i, j, S) == triples(index[rest[0]], index[rest[1]], rest[2])
     with pytest.raises(wb.WarpBridgeError, match=r"^neighbor_list\(\): a cutoff of 400.0 spans .* images to consider"):
         wb.ops.neighbor_list(torch.rand(64, 3, dtype=torch.float64), 400.0, cell=torch.eye(3, dtype=torch.float64))
+
+
+@pytest.mark.compile
+def test_forces_and_stress_under_torch_compile_equal_eager():
+    """torch.compile around the whole energy: the search runs outside the graph (its host
+    read breaks it), D and d and the energy inside; forces and stress as in eager."""
+    pos0, cell0, pbc, _ = STRUCTURES["triclinic, pbc TFT"]
+
+    def forces_and_stress(pos, cell):
+        d = wb.ops.neighbor_list(pos, 3.0, cell=cell, pbc=pbc, quantities="d")[0]
+        return torch.autograd.grad(_energy(d), (pos, cell))
+
+    def fresh():
+        return torch.tensor(pos0).requires_grad_(), torch.tensor(TRICLINIC).requires_grad_()
+
+    want = forces_and_stress(*fresh())
+    got = torch.compile(forces_and_stress)(*fresh())
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
