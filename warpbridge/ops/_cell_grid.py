@@ -124,7 +124,7 @@ def _layout(k, parts: list, n: int) -> tuple:
             dtype=wp.vec4i,
             device=device,
         ),  # fmt: skip
-        points=wp.array(np.ascontiguousarray(points[order]), dtype=wp.vec3d, device=device),
+        xyz=wp.array(np.ascontiguousarray(points[order].T), dtype=wp.float64, device=device),
         atoms=wp.array(order.astype(np.int32), dtype=wp.int32, device=device),
         bin_start=wp.array(bin_start, dtype=wp.int32, device=device),
         wrap=wp.array(np.ascontiguousarray(wrap), dtype=k.vec3l, device=device),
