@@ -4,6 +4,10 @@ Importing warpbridge imports Warp and NumPy, never a deep-learning framework: ad
 loaded when an argument of their framework arrives.
 """
 
+# First: the registry fills the core's slot for the backends (ops are declared on import).
+from ._backends import registry as _registry  # noqa: F401
+
+# isort: split
 from . import ops as ops
 from . import testing as testing
 from ._backends.memory_pool import get_memory_pool as get_memory_pool

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import warp as wp
 
+from .._core import dtypes as _dtypes
 from .._core import validate as _validate
 from .._core import warp_runtime
 from .._core.backend import WarpArrays
@@ -123,7 +124,7 @@ def _from_cuda_array_interface(op: Any, p: Any, desc: dict) -> wp.array:
     except Exception as e:  # a malformed interface, or a dtype Warp has no type for
         raise fail(op.name, f"argument '{p.name}' could not be shared through __cuda_array_interface__: {e}") from e
     if strides is None:
-        strides = _validate.contiguous_strides(shape, dtype.itemsize)
+        strides = _dtypes.contiguous_strides(shape, dtype.itemsize)
     device = wp.get_cuda_device()
     if desc.get("stream") is not None:
         # Version 3: the producer's work on that stream must finish first. The interface

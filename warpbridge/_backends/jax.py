@@ -29,6 +29,7 @@ import jax
 import numpy as np
 import warp as wp
 
+from .._core import dtypes as _dtypes
 from .._core import gradients as _gradients
 from .._core import launch_function as _functions
 from .._core import validate as _validate
@@ -99,7 +100,7 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
             raise fail(op.name, f"argument '{p.name}' must be a jax.Array ({p.describe_type()}), got {describe(a)}")
         dtype = np.dtype(a.dtype)
         shape = tuple(int(s) for s in a.shape)
-        strides = _validate.contiguous_strides(shape, dtype.itemsize)  # JAX arrays are always dense
+        strides = _dtypes.contiguous_strides(shape, dtype.itemsize)  # JAX arrays are always dense
         wshape, _ = _validate.check_array(op.name, p, _validate.ArrayArg(0, dtype.name, shape, strides))
         arrays.append(a)
         layouts.append(wshape)

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import warp as wp
 
+from .._core import dtypes as _dtypes
 from .._core import validate as _validate
 from .._core.backend import Backend
 from .._core.errors import fail
@@ -20,7 +21,7 @@ def _known(name: str) -> bool:
     return True
 
 
-_NAMES = {np.dtype(n): n for n in _validate._ITEMSIZE if _known(n)}
+_NAMES = {np.dtype(n): n for n in _dtypes.ITEMSIZE if _known(n)}
 
 
 class NumPyBackend(Backend):

@@ -8,6 +8,7 @@ import importlib
 import sys
 from typing import Any
 
+from .._core import frameworks as _slot
 from .._core.errors import describe, fail
 
 # Adapter module by the top-level module of the array types it serves.
@@ -125,3 +126,6 @@ def op_attribute(op: Any, name: str) -> Any:
     if framework is None:
         raise AttributeError(f"'WarpOp' object has no attribute '{name}'")
     return load(framework).op_attribute(op, name)
+
+
+_slot.fill(sys.modules[__name__])  # the core reaches the backends through this

@@ -15,8 +15,8 @@ from typing import Any
 
 import warp as wp
 
+from .dtypes import WARP_TYPES, contiguous_strides
 from .signature import _SCALAR_NAMES, struct_array_name
-from .validate import WARP_TYPES, contiguous_strides
 from .warp_runtime import is_struct
 
 

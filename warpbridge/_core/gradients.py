@@ -11,10 +11,11 @@ import warp as wp
 
 from . import ties
 from .compare_kernels import count_differing
+from .dtypes import HALF_BITS, WARP_TYPES
 from .errors import fail
-from .plan import _HALF_BITS, Plan
+from .plan import Plan
 from .signature import Param
-from .validate import WARP_TYPES, inner_contiguous
+from .validate import inner_contiguous
 
 
 def needs_outputs(op: Any) -> bool:
@@ -260,7 +261,7 @@ def _custom_backward(
     if bplan.takes_values != plan.takes_values:  # packed scalars (16-bit floats as bits), or the values
         scalars = (
             [
-                _HALF_BITS[p.dtype_name][1](v) if p.dtype_name in _HALF_BITS and not p.inner_shape else v
+                HALF_BITS[p.dtype_name][1](v) if p.dtype_name in HALF_BITS and not p.inner_shape else v
                 for p, v in zip((q for q in sig.inputs if not q.is_array), scalars)
             ]
             if bplan.takes_values

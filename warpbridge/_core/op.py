@@ -24,9 +24,10 @@ if sys.version_info >= (3, 11):
 else:  # a dependency on Python 3.10 only
     from typing_extensions import Unpack
 
-from .._backends import registry as _frameworks
 from . import adjoint_check as _adjoint
 from . import custom_backward as _backward
+from . import dtypes as _dtypes
+from . import frameworks as _frameworks
 from . import gradients as _gradients
 from . import launch_function as _functions
 from . import plan as _plan
@@ -121,7 +122,7 @@ class WarpOp:
             name if explicit else _registration_name(fn, {**self._options, "backward": _source_of(backward)})
         )
         _LIVE.add(self)
-        for backend in _frameworks.loaded():
+        for backend in _frameworks.registry.loaded():
             backend.on_new_op(self)  # e.g. a registration that cannot happen while tracing
 
     def _options_given(
@@ -172,7 +173,7 @@ class WarpOp:
 
     def __getattr__(self, name: str) -> Any:
         # Attributes a backend gives every op: ``op.torch_op``, the registered custom op.
-        return _frameworks.op_attribute(self, name)
+        return _frameworks.registry.op_attribute(self, name)
 
     def backward(self, fn: Any) -> Any:
         """Give the op its own backward, replacing Warp's generated adjoint; returns ``fn``.
@@ -195,7 +196,7 @@ class WarpOp:
                 f"already has a backward ({self.custom_backward.name}); an op takes one. Make a new op with "
                 "wb.op(kernel, backward=...) to use another",
             )
-        for backend in _frameworks.loaded():
+        for backend in _frameworks.registry.loaded():
             backend.on_backward_attached(self)  # may refuse; drops what captured the old backward
         if self.generic:
             self._instances.clear()  # made with the old backward (none)
@@ -316,7 +317,7 @@ class WarpOp:
                 for k, idx in enumerate(indices)
                 if idx is not None
             ]
-            backend = _frameworks.for_arrays(self.name, named)
+            backend = _frameworks.registry.for_arrays(self.name, named)
             for k, idx in enumerate(indices):
                 if idx is None:
                     continue
@@ -361,7 +362,7 @@ class WarpOp:
         return found
 
     def _instantiate(self, first: Any, dtype: str, inner: tuple) -> WarpOp:
-        scalar = _validate.WARP_TYPES.get(dtype)
+        scalar = _dtypes.WARP_TYPES.get(dtype)
         if scalar is None or len(inner) > 2:
             raise fail(
                 self.name,
@@ -572,13 +573,13 @@ def _default_name(fn: Any) -> str:
 
 def _adapter(op: WarpOp, args: tuple) -> Any:
     """The backend of the call's arrays (an attribute read per array once their types are
-    known: see ``_frameworks.BY_TYPE_NAME``)."""
+    known: see ``_backends.registry.BY_TYPE_NAME``)."""
     mod = None
     for i in op._array_positions:
         if i >= len(args):
             break
         t = type(args[i])
-        known = getattr(_frameworks.BY_TYPE_NAME, t.__name__, None)
+        known = getattr(_frameworks.registry.BY_TYPE_NAME, t.__name__, None)
         m = known[1] if known is not None and known[0] is t else None
         if m is None or (mod is not None and m is not mod):
             return _find_adapter(op, args)
@@ -593,7 +594,7 @@ def _find_adapter(op: WarpOp, args: tuple) -> Any:
 
 def loaded_backends() -> list:
     """The backends of the frameworks the caller has imported."""
-    return _frameworks.loaded()
+    return _frameworks.registry.loaded()
 
 
 def backend_of(op_name: str, named: Sequence[tuple[str, Any, str]]) -> Any:
@@ -601,16 +602,16 @@ def backend_of(op_name: str, named: Sequence[tuple[str, Any, str]]) -> Any:
     words)), all from one framework: an attribute read per array once their types are known."""
     found = None
     for _, a, _ in named:
-        known = getattr(_frameworks.BY_TYPE_NAME, type(a).__name__, None)
+        known = getattr(_frameworks.registry.BY_TYPE_NAME, type(a).__name__, None)
         m = known[1] if known is not None and known[0] is type(a) else None
         if m is None or (found is not None and m is not found):
             found = None
             break
         found = m
     if found is None:
-        found = _frameworks.for_arrays(op_name, named)
+        found = _frameworks.registry.for_arrays(op_name, named)
         for _, a, _ in named:
-            _frameworks.remember(type(a), found)
+            _frameworks.registry.remember(type(a), found)
     return found
 
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import warp as wp
 
+from .dtypes import HALF_BITS, contiguous_strides, itemsize
 from .errors import fail
 from .signature import STRUCT, Param, Signature
-from .validate import _HALF_BITS, contiguous_strides, itemsize
 from .warp_runtime import ARRAY_DESCRIPTOR, LOAD_LOCK, default_block_dim, exact_block_dim, record
 
 # Call compiled CPU kernels directly (the fast path). Tests turn this off to run the generic
@@ -295,8 +295,8 @@ class KernelPlan(Plan):
                 )
             elif p.dtype_name == STRUCT:
                 v = p.wp_type.instance_type(ctype=v)  # wp.launch takes the struct as an instance
-            elif p.dtype_name in _HALF_BITS and not p.is_array and not p.inner_shape:
-                v = p.wp_type(_HALF_BITS[p.dtype_name][1](v))  # the field holds raw bits
+            elif p.dtype_name in HALF_BITS and not p.is_array and not p.inner_shape:
+                v = p.wp_type(HALF_BITS[p.dtype_name][1](v))  # the field holds raw bits
             values.append(v)
         return values
 

@@ -4,55 +4,19 @@ thread-indexed arrays; ``prepare`` does it all through a backend and returns the
 
 from __future__ import annotations
 
-import ctypes
 import math
 import operator
-import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .dtypes import HALF_BITS, ITEMSIZE, contiguous_strides
 from .errors import describe as describe_value
 from .errors import fail
-from .signature import _SCALAR_NAMES, GENERIC, STRUCT, Param, Signature
+from .signature import GENERIC, STRUCT, Param, Signature
 from .warp_runtime import struct_arrays
 
 if TYPE_CHECKING:
     from .plan import Plan
-
-_ITEMSIZE = {
-    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
-    "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
-}  # fmt: skip
-# 16-bit float scalars travel as raw bits in kernel argument structs: (to bits, from bits)
-WARP_TYPES = {name: t for t, name in _SCALAR_NAMES.items()}  # dtype name -> Warp scalar type
-
-
-def _float_to_half_bits(f: float) -> int:
-    return struct.unpack("<H", struct.pack("<e", f))[0]  # round to nearest even, as Warp's
-
-
-def _half_bits_to_float(bits: int) -> float:
-    return struct.unpack("<e", struct.pack("<H", bits))[0]
-
-
-def _float_to_bfloat16_bits(f: float) -> int:
-    bits = struct.unpack("<I", struct.pack("<f", f))[0] if abs(f) < 3.5e38 or not math.isfinite(f) else None
-    if bits is None:  # past float32's range: inf of the same sign
-        return 0xFF80 if f < 0 else 0x7F80
-    if (bits & 0x7F800000) == 0x7F800000 and bits & 0x7FFFFF:
-        return (bits >> 16) | 0x40  # a NaN stays a (quiet) NaN
-    return (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest even, as Warp's
-
-
-def _bfloat16_bits_to_float(bits: int) -> float:
-    return struct.unpack("<f", struct.pack("<I", bits << 16))[0]
-
-
-# float16 / bfloat16 scalars travel as raw bits (no Warp runtime needed to convert them)
-_HALF_BITS = {
-    "float16": (_float_to_half_bits, _half_bits_to_float),
-    "bfloat16": (_float_to_bfloat16_bits, _bfloat16_bits_to_float),
-}
 
 _MAX_DIMS = 4
 _INT32_MAX = 2**31 - 1
@@ -229,20 +193,6 @@ def check_bounds(op: str, sig: Signature, layouts: Sequence[tuple], launch: tupl
                 )
 
 
-def itemsize(p: Param) -> int:
-    """Bytes per scalar element of ``p`` (per struct for an array of structs)."""
-    size = _ITEMSIZE.get(p.dtype_name)
-    return size if size is not None else ctypes.sizeof(p.wp_type.dtype.ctype)
-
-
-def contiguous_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
-    strides, acc = [], itemsize
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(int(s), 1)
-    return tuple(reversed(strides))
-
-
 def _refuse_differentiable_fields(op: str, p: Param, value: Any) -> None:
     """A struct passed to an op is a constant: its arrays' gradients would be silently lost
     (the op's outputs would not even require grad), so one that requires grad is refused."""
@@ -302,7 +252,7 @@ def make_scalar_packer(op: str, p: Param):
         def pack_float(v: Any) -> Any:
             f = check(v)
             # float16 / bfloat16 fields hold raw bits
-            return _HALF_BITS[name][0](f) if name in _HALF_BITS else f
+            return HALF_BITS[name][0](f) if name in HALF_BITS else f
 
         return pack_float
     return _int_checker(op, p)
@@ -343,7 +293,7 @@ def _int_checker(op: str, p: Param):
     """An integer scalar (or component), checked: a Python int, NumPy integer or 0-d integer
     tensor, in the kernel type's range. Never truncated, parsed or wrapped."""
     name = p.dtype_name
-    bits = _ITEMSIZE[name] * 8
+    bits = ITEMSIZE[name] * 8
     lo, hi = (0, 2**bits - 1) if name.startswith("u") else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
 
     def check(v: Any, where: str = "") -> int:
