@@ -138,7 +138,7 @@ def test_a_packed_build_makes_the_same_tree(name, dtype, monkeypatch):
     import numpy as np
     import warp as wp
 
-    from warpbridge._core import cpu_launch
+    from warpbridge.ops import _cpu_launch as cpu_launch
     from warpbridge.ops import _tree
 
     r, _ = D.make(name, 3000)

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import warpbridge as wb
-from warpbridge._core import cpu_launch, cpu_team
+from warpbridge.ops import _cpu_launch as cpu_launch
+from warpbridge.ops import _cpu_team as cpu_team
 from warpbridge.ops import _tree
 
 
@@ -65,7 +66,7 @@ SCRIPT = """
     if sys.argv[1] == "torch":
         import torch
     import warpbridge as wb
-    from warpbridge._core import cpu_launch
+    from warpbridge.ops import _cpu_launch as cpu_launch
 
     state = {"phase": "forward", "segments": 0, "after": 0}
     running, sent = threading.Event(), threading.Event()

@@ -14,7 +14,8 @@ import warp as wp
 
 import warpbridge as wb
 from warpbridge import WarpBridgeError
-from warpbridge._core import cpu_launch, cpu_team
+from warpbridge.ops import _cpu_launch as cpu_launch
+from warpbridge.ops import _cpu_team as cpu_team
 from warpbridge.ops import _tree
 
 DTYPES = [torch.float32, torch.float64]

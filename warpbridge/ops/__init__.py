@@ -21,9 +21,9 @@ NaN or infinite coordinate is nobody's neighbour; a non-finite query point has n
 
 from __future__ import annotations
 
-from .._core.cpu_launch import get_num_threads as get_num_threads
-from .._core.cpu_launch import set_num_threads as set_num_threads
 from ._atomistic import neighbor_list
+from ._cpu_launch import get_num_threads as get_num_threads
+from ._cpu_launch import set_num_threads as set_num_threads
 from ._knn import KNN, knn, knn_aggregate, knn_interpolate
 from ._lists import Neighbors, knn_graph, radius, radius_graph
 from ._sampling import fps

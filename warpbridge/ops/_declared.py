@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from .._core import cpu_launch
 from . import _batches, _tree, kdtree
+from . import _cpu_launch as cpu_launch
 
 STATS = 3  # per query: weight sum, nearest distance, neighbour count
 # The CPU radius backward runs in one pass while the threads' extra copies of the

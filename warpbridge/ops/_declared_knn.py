@@ -11,7 +11,7 @@ from typing import Any
 
 import warp as wp
 
-from .._core import cpu_launch
+from . import _cpu_launch as cpu_launch
 from . import _declared, _tree
 from ._declared import forest_of
 

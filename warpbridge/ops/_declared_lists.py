@@ -16,7 +16,7 @@ from typing import Any
 
 import warp as wp
 
-from .._core import cpu_launch
+from . import _cpu_launch as cpu_launch
 from . import _declared, _declared_knn, _tree
 
 # The cap on a row when there is none: more than any row can hold.

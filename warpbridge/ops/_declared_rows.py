@@ -11,8 +11,8 @@ import functools
 import numpy as np
 import warp as wp
 
-from .._core import cpu_launch
 from . import _batches, _declared, _tree, kdtree
+from . import _cpu_launch as cpu_launch
 from ._declared_lists import graph_offsets, graph_width
 
 BLOCK = kdtree.brute.QUERIES_PER_BLOCK

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from .._core import cpu_launch
 from . import _batches, _tree
+from . import _cpu_launch as cpu_launch
 
 
 def sample_counts(points: np.ndarray, ratio: float, num: int, dtype: Any) -> np.ndarray:

@@ -9,7 +9,9 @@ from typing import Any, NamedTuple
 
 import warp as wp
 
-from .._core import cpu_launch, cpu_team, warp_runtime
+from .._core import warp_runtime
+from . import _cpu_launch as cpu_launch
+from . import _cpu_team as cpu_team
 from . import kdtree
 
 TREE = ("order", "sorted_points", "lo", "hi", "min_index")  # the tree's arrays, as the ops save them

@@ -24,9 +24,9 @@ from typing import Any
 
 import warp as wp
 
-from . import cpu_team as _cpu_team
-from . import warp_runtime
-from .errors import WarpBridgeError
+from .._core import warp_runtime
+from .._core.errors import WarpBridgeError
+from . import _cpu_team
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()

@@ -8,8 +8,8 @@ from typing import Any, NamedTuple
 
 import warp as wp
 
-from . import op as _op
-from . import warp_runtime
+from .._core import op as _op
+from .._core import warp_runtime
 
 TEAM_ARGS_MAX = 8192  # the largest argument struct a team launch copies per thread (bytes)
 TEAM_BOUNDS_MAX = 64  # and the largest launch bounds
