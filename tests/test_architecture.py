@@ -20,6 +20,7 @@ BACKENDS = {"torch": "torch", "jax": "jax", "paddle": "paddle", "numpy": "numpy"
 WORD = re.compile(r"\b(" + "|".join(FRAMEWORKS) + r")\b", re.IGNORECASE)
 MAX_FUNCTION_LINES = 80  # lines of code: a docstring does not count
 MAX_KERNEL_PARAMS = 12
+MAX_FUNC_PARAMS = 14  # a @wp.func or native function of ops/
 MAX_OPS_FILE_LINES = 400
 
 
@@ -215,6 +216,25 @@ def test_the_neighbour_kernels_take_few_parameters():
     assert len(kernels) >= 15, f"the rule sees only {sorted(kernels)}: are the kernels still tagged @kernel?"
     wide = {name: n for name, n in kernels.items() if n > MAX_KERNEL_PARAMS}
     assert not wide, f"kernels over {MAX_KERNEL_PARAMS} parameters: {wide}"
+
+
+def _warp_function(node: ast.AST) -> bool:
+    """A Warp function of ops/: ``@func``, ``@kernel``, ``@template.func_native(...)``, ``@wp.func``."""
+    for d in node.decorator_list:
+        target = d.func if isinstance(d, ast.Call) else d
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+        if name in ("func", "kernel", "func_native"):
+            return True
+    return False
+
+
+def test_every_warp_function_takes_few_parameters():
+    functions = {
+        key: len(node.args.args) for key, node in _functions() if key.startswith("ops/") and _warp_function(node)
+    }
+    assert len(functions) >= 60, f"the rule sees only {len(functions)} Warp functions: are they still tagged?"
+    wide = {key: n for key, n in functions.items() if n > MAX_FUNC_PARAMS}
+    assert not wide, f"Warp functions over {MAX_FUNC_PARAMS} parameters: {wide}"
 
 
 def test_the_neighbour_op_files_are_small():

@@ -129,11 +129,11 @@ for (int n = 0; n < k; ++n) { D(n) = inf; J(n) = -1; }
 for (int a = 0; a < NDIM; ++a) if (!(wp::abs(q[a]) < inf)) return;
 const int n = cloud[1];  // the cloud's points, from place cloud[0]; its nodes from cloud[2]
 if (n == 0) return;
-const Vec* __restrict__ P = (const Vec*)sorted_points.data + cloud[0];  // the tree's arrays are packed
-const wp::int32* __restrict__ O = (const wp::int32*)order.data + cloud[0];
-const Vec* __restrict__ LO = (const Vec*)lo.data + cloud[2];
-const Vec* __restrict__ HI = (const Vec*)hi.data + cloud[2];
-const wp::int32* __restrict__ MI = (const wp::int32*)min_index.data + cloud[2];
+const Vec* __restrict__ P = (const Vec*)tree.points.data + cloud[0];  // the tree's arrays are packed
+const wp::int32* __restrict__ O = (const wp::int32*)tree.order.data + cloud[0];
+const Vec* __restrict__ LO = (const Vec*)tree.lo.data + cloud[2];
+const Vec* __restrict__ HI = (const Vec*)tree.hi.data + cloud[2];
+const wp::int32* __restrict__ MI = (const wp::int32*)tree.min_index.data + cloud[2];
 const int depth = cloud[3];
 const int leaves = 1 << depth;
 auto gap = [&](int node) -> Vec {
@@ -229,11 +229,7 @@ while (node > 0 || sp > 0) {
 @template.func_native(_KNN_SNIPPET)
 def knn_query(
     q: V,
-    order: wp.array(dtype=wp.int32),
-    sorted_points: wp.array(dtype=V),
-    lo: wp.array(dtype=V),
-    hi: wp.array(dtype=V),
-    min_index: wp.array(dtype=wp.int32),
+    tree: Tree,
     cloud: wp.vec4i,
     k: int,
     i: int,
@@ -264,11 +260,7 @@ def knn_search(
     features = aggregation.features
     knn_query(
         query[i],
-        tree.order,
-        tree.points,
-        tree.lo,
-        tree.hi,
-        tree.min_index,
+        tree,
         c,
         k,
         i,

@@ -214,14 +214,9 @@ def radius_fill(
         skip = wp.int64(-1)
         if skip_self != 0:
             skip = wp.int64(i)
-        order, points = tree.order, tree.points
         knn_query(
             q,
-            order,
-            points,
-            tree.lo,
-            tree.hi,
-            tree.min_index,
+            tree,
             c,
             cap,
             s,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warp as wp
 
-from .dtypes import Ball, Grads, Pairs, Rows, T, Tree, V
+from .dtypes import V4, Ball, Grads, Pairs, Rows, T, Tree, V
 from .geometry import (
     after,
     ball_first,
@@ -119,13 +119,15 @@ def radius_forward(
 
 @func
 def backward_pair(
-    i: int, j: int, k: int, unit: V, d: T, nearest: T, inv: T, go: T, sigma: T,
+    i: int, j: int, k: int, unit: V, d: T, weights: V4,
     features: Rows, grad: Rows, needs: int, slot: int, pairs: Pairs, grads: Grads,
 ) -> T:  # fmt: skip
-    # One pair (query i, reference j at distance d, unit = (q_i - r_j) / d): returns
+    # One pair (query i, reference j at distance d, unit = (q_i - r_j) / d; the query's
+    # weights = (nearest distance, 1 / the weights' total, g . out, sigma)): returns
     # c = dL/dd with dL/dq_i += c unit and dL/dr_j -= c unit. In the one pass, adds the
     # reference side's terms into thread `slot`'s copy (slot 0: the gradients themselves);
     # with a pair list, records the pair at place k.
+    nearest, inv, go, sigma = weights[0], weights[1], weights[2], weights[3]
     p = wp.exp((nearest - d) / sigma) * inv
     c = T(0.0)
     if (needs & (QUERY | REF)) != 0 and d > T(0.0):
@@ -173,6 +175,7 @@ def radius_backward_query(
     walk = total > T(0.0) and ((needs & (QUERY | ONE_PASS)) != 0 or pairs.query.shape[0] > 0)
     q, inv, slot = query[i], T(1.0) / wp.max(total, T(1e-30)), offset % stride
     pts, order, radius, sigma = tree.points, tree.order, ball.radius, ball.sigma
+    weights = V4(nearest, inv, go, sigma)
     dq = V(T(0.0))
     reach = sq_bound(radius)
     cloud = cloud_of(tree, i)
@@ -190,7 +193,7 @@ def radius_backward_query(
         diff = q - pts[s]
         d = norm(diff)
         unit = unit_of(diff, d)
-        cd = backward_pair(i, order[s], k, unit, d, nearest, inv, go, sigma, features, grad, needs, slot, pairs, grads)
+        cd = backward_pair(i, order[s], k, unit, d, weights, features, grad, needs, slot, pairs, grads)
         dq += unit * cd
         k += 1
         if not listed:
