@@ -6,7 +6,7 @@ import warp as wp
 
 from . import template
 from .dtypes import DIM, T, Tree, V
-from .template import func
+from .template import func, native
 
 
 @func
@@ -165,94 +165,20 @@ def query_at(t: int, queries: wp.array(dtype=wp.int32)) -> int:
 
 # The start of a native snippet that measures distances: the typedefs Real (REAL) and Vec (a
 # point), the constant `inf`, and `square` and `norm_of` (as norm).
-NORM_OF = r"""
-typedef REAL Real;
-typedef wp::vec_t<NDIM, Real> Vec;
-const Real inf = (Real)INFINITY;
-// Over NDIM coordinates, in the order of the 3-D expressions (x * x + y * y) + z * z:
-auto square = [&](const Vec& v) -> Real {
-    Real s = v[0] * v[0];
-    for (int a = 1; a < NDIM; ++a) s += v[a] * v[a];
-    return s;
-};
-auto norm_of = [&](const Vec& v) -> Real {  // as norm
-    const Real d2 = square(v);
-    if (d2 < inf && d2 >= (Real)1e-30) return wp::sqrt(d2);
-    Real a = wp::abs(v[0]);
-    for (int b = 1; b < NDIM; ++b) a = wp::max(a, wp::abs(v[b]));
-    if (a == (Real)0 || !(a < inf)) return a;
-    return a * wp::sqrt(square(v / a));
-};
-"""
+NORM_OF = native("geometry_norm_of.h")
 
 # The radius searches' steps over the leaves of cloud `cloud` of `tree`, for native code
 # (Real, Vec, inf, square and norm_of as NORM_OF defines them, the query q, reach and
 # radius): next_leaf(node) is leaf_from's result, start_of(leaf) a leaf's first place and
 # start_of(leaf + 1) its end.
-LEAF_STEPS = r"""
-const int first = cloud[0], n = cloud[1], depth = cloud[3], leaves = 1 << depth;
-const Vec* __restrict__ P = (const Vec*)tree.points.data;  // the tree's arrays are packed
-const Vec* __restrict__ LO = (const Vec*)tree.lo.data + cloud[2];
-const Vec* __restrict__ HI = (const Vec*)tree.hi.data + cloud[2];
-auto near = [&](int node) -> bool {  // as near_box
-    Vec g;
-    for (int a = 0; a < NDIM; ++a) g[a] = wp::max(wp::max(LO[node][a] - q[a], q[a] - HI[node][a]), (Real)0);
-    if (square(g) > reach) return false;
-    return reach < inf || norm_of(g) <= radius * (Real)1.00001;
-};
-auto after = [](int node) -> int {  // as after
-    while (node & 1) node >>= 1;
-    return node == 0 ? 0 : node + 1;
-};
-auto next_leaf = [&](int node) -> int {  // as leaf_from
-    while (node > 0) {
-        if (!near(node)) node = after(node);
-        else if (node < leaves) node = 2 * node;
-        else return node;
-    }
-    return 0;
-};
-auto start_of = [&](int leaf) -> int { return first + (int)(((wp::int64)(leaf - leaves) * n) >> depth); };
-// within(diff): |diff| <= radius, as norm_of compares it; the square root only near the radius
-// (a squared distance below `inside` is within it: norm_of is sqrt there, and a radius of at
-// least 1e-10 is far above what the squares' underflow can hide).
-const Real r2 = radius * radius;
-const Real inside = r2 >= (Real)1e-20 && r2 < inf ? r2 * (Real)0.9999 : (Real)-1;
-auto within = [&](const Vec& diff) -> bool {
-    const Real d2 = square(diff);
-    return d2 <= reach && (d2 <= inside || norm_of(diff) <= radius);
-};
-"""
+LEAF_STEPS = native("geometry_leaf_steps.h")
 
 # The radius searches' whole walk, ball_first/ball_next's step for step, for native code
 # (LEAF_STEPS' names, and i and skip_self): walk(leaf, t, e, visit) calls visit(t, leaf, e)
 # for each place t within `radius` of q (j == i left out with skip_self), where `leaf` is
 # the leaf holding t, its places ending at e; from the root with leaf 0, else from place t
 # of `leaf` on (a walk that stopped there).
-BALL_WALK = (
-    LEAF_STEPS
-    + r"""
-const wp::int32* __restrict__ O = (const wp::int32*)tree.order.data;
-auto walk = [&](int leaf, int t, int e, auto&& visit) {
-    if (leaf == 0) {
-        if (n == 0) return;
-        for (int a = 0; a < NDIM; ++a) if (!(wp::abs(q[a]) < inf)) return;
-        leaf = next_leaf(1);
-        t = start_of(leaf);
-        e = start_of(leaf + 1);
-    }
-    while (leaf > 0) {
-        for (; t < e; ++t) {
-            const Vec diff = q - P[t];
-            if (within(diff) && (skip_self == 0 || O[t] != i)) visit(t, leaf, e);
-        }
-        leaf = next_leaf(after(leaf));
-        t = start_of(leaf);
-        e = start_of(leaf + 1);
-    }
-};
-"""
-)
+BALL_WALK = LEAF_STEPS + native("geometry_ball_walk.h")
 
 # ball_next: the radius passes' walk in cloud `cloud`, one point within `radius` of q at a
 # time. `at` is (leaf, s, e): the walk stands at place s of the leaf whose places end at e;
@@ -260,21 +186,7 @@ auto walk = [&](int leaf, int t, int e, auto&& visit) {
 # leaf 0 once none is left. Leaves come in leaf_from's depth-first order. Start with
 # ball_first. Native code: in Warp, the radius backward's query pass took 364 against
 # 270 ms on a LiDAR sweep of 10^5 points (about 240 neighbours a query, F = 16).
-_BALL_NEXT_SNIPPET = r"""
-NORM_OF
-LEAF_STEPS
-int leaf = at[0], t = at[1], e = at[2];
-while (leaf > 0) {
-    for (; t < e; ++t) {
-        const Vec diff = q - P[t];
-        if (within(diff)) return wp::vec3i(leaf, t, e);
-    }
-    leaf = next_leaf(after(leaf));
-    t = start_of(leaf);
-    e = start_of(leaf + 1);
-}
-return wp::vec3i(0, 0, 0);
-"""
+_BALL_NEXT_SNIPPET = native("geometry_ball_next.h")
 
 
 @template.func_native(_BALL_NEXT_SNIPPET.replace("LEAF_STEPS", LEAF_STEPS).replace("NORM_OF", NORM_OF))

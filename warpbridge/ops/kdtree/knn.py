@@ -12,7 +12,7 @@ from . import template
 from .dtypes import STACK, Aggregation, Grads, Nearest, Rows, T, Tree, V
 from .geometry import NORM_OF, cloud_of, norm, query_at, unit_of
 from .rows import add_feature_row, feature_dot, pull_on_distance, row_dot, sub_from_ref
-from .template import func, kernel
+from .template import func, kernel, native
 
 # Which gradients a backward computes (its `needs`, a sum of these).
 QUERY = 1
@@ -28,41 +28,7 @@ FEATURES = 4
 # are packed. Written in Warp (weights in a local vector, the row in groups of 4), the
 # aggregation took ~1.8 of the tutorial's 19 ms knn_aggregate call (27 000 queries, F = 16,
 # two threads); native, ~1.0 ms.
-_AGGREGATE_SNIPPET = r"""
-typedef REAL Real;
-const int k = idx.shape[1];
-const int nf = features.shape[1];
-const Real nearest = *wp::address(dist, i, 0);
-const Real floor = (Real)1e-8;  // sqrt of PyG's 1e-16 floor on the squared distance
-const size_t fs = (size_t)features.strides[1], os = (size_t)out.strides[1];
-const bool packed = fs == sizeof(Real) && os == sizeof(Real);
-char* __restrict__ o = (char*)wp::address(out, i, 0);  // the output row, only ever through o
-for (int f = 0; f < nf; ++f) *(Real*)(o + f * os) = (Real)0;
-Real total = (Real)0;
-for (int n = 0; n < k; ++n) {
-    const wp::int64 j = *wp::address(idx, i, n);
-    if (j < 0) continue;
-    const Real d = *wp::address(dist, i, n);
-    Real w;
-    if (inverse_square) {
-        const Real ratio = wp::max(nearest, floor) / wp::max(d, floor);
-        w = ratio * ratio;
-    } else {
-        w = wp::exp((nearest - d) / sigma);
-    }
-    total += w;
-    const char* __restrict__ row = (const char*)features.data + j * features.strides[0];
-    if (packed) {
-        for (int f = 0; f < nf; ++f) ((Real*)o)[f] += w * ((const Real*)row)[f];
-    } else {
-        for (int f = 0; f < nf; ++f) *(Real*)(o + f * os) += w * *(const Real*)(row + f * fs);
-    }
-}
-if (total > (Real)0) {
-    const Real scale = (Real)1 / total;
-    for (int f = 0; f < nf; ++f) *(Real*)(o + f * os) *= scale;
-}
-"""
+_AGGREGATE_SNIPPET = native("knn_aggregate.h")
 
 
 @template.func_native(_AGGREGATE_SNIPPET)
@@ -118,112 +84,7 @@ def times_slope(x: T, d: T, sigma: T, inverse_square: wp.int32) -> T:
 # points (one thread); this takes 25.6 ms, and 2 000 queries on 10^4 duplicated points
 # 1.86 -> 1.51 ms. A C++ copy compiled on its own with Clang took 24.7 ms. (Before, the
 # leaf scan alone became native: 1.86 -> 1.69 ms for 2 000 queries on 10^4 points.)
-_KNN_SNIPPET = r"""
-NORM_OF
-char* const dr = (char*)dist.data + (size_t)i * (size_t)dist.strides[0];
-char* const ir = (char*)idx.data + (size_t)i * (size_t)idx.strides[0];
-const size_t ds = (size_t)dist.strides[1], is = (size_t)idx.strides[1];
-auto D = [&](int n) -> Real& { return *(Real*)(dr + (size_t)n * ds); };
-auto J = [&](int n) -> wp::int64& { return *(wp::int64*)(ir + (size_t)n * is); };
-for (int n = 0; n < k; ++n) { D(n) = inf; J(n) = -1; }
-for (int a = 0; a < NDIM; ++a) if (!(wp::abs(q[a]) < inf)) return;
-const int n = cloud[1];  // the cloud's points, from place cloud[0]; its nodes from cloud[2]
-if (n == 0) return;
-const Vec* __restrict__ P = (const Vec*)tree.points.data + cloud[0];  // the tree's arrays are packed
-const wp::int32* __restrict__ O = (const wp::int32*)tree.order.data + cloud[0];
-const Vec* __restrict__ LO = (const Vec*)tree.lo.data + cloud[2];
-const Vec* __restrict__ HI = (const Vec*)tree.hi.data + cloud[2];
-const wp::int32* __restrict__ MI = (const wp::int32*)tree.min_index.data + cloud[2];
-const int depth = cloud[3];
-const int leaves = 1 << depth;
-auto gap = [&](int node) -> Vec {
-    const Vec l = LO[node], h = HI[node];
-    Vec g;
-    for (int a = 0; a < NDIM; ++a) g[a] = wp::max(wp::max(l[a] - q[a], q[a] - h[a]), (Real)0);
-    return g;
-};
-auto gap2 = [&](int node) -> Real { return square(gap(node)); };
-int stack[STACK];
-Real gaps[STACK];
-int sp = 0, node = 1, c = 0;
-// With a finite limit the list starts as if full at it: nothing farther enters or is walked
-// (a radius list's closest k, d <= limit as its walk compares), and no tie at it is refused.
-const bool bounded = limit < inf;
-Real g2 = (Real)0, kd = bounded ? limit : inf, b = bounded ? limit * limit * (Real)1.0001 + (Real)1e-30 : inf;
-wp::int64 kj = bounded ? (wp::int64)0x7fffffffffffffffLL : -1;
-while (node > 0 || sp > 0) {
-    if (node == 0) {
-        --sp;
-        node = stack[sp];
-        g2 = gaps[sp];
-    }
-    if (c == k || bounded) {
-        bool skip = g2 > b;
-        if (!skip) {
-            if (b < inf) {
-                // sqrt(g2) is a lower bound of every point's distance in the normal range,
-                // exact enough to settle a tie by index; so is a gap of 0 when the k-th
-                // distance is 0 (copies of a query point: without it, 20,000 queries on
-                // 200,000 copies of one point scanned every copy for each query).
-                const bool tie = g2 >= (Real)1e-30 || (g2 == (Real)0 && kd == (Real)0);
-                skip = tie && (wp::int64)MI[node] > kj && wp::sqrt(g2) >= kd;
-            } else {  // a k-th distance whose square overflows: compare with a margin
-                skip = norm_of(gap(node)) > kd * (Real)1.00001;
-            }
-        }
-        if (skip) {
-            node = 0;
-            continue;
-        }
-    }
-    if (node < leaves) {
-        const int a = 2 * node;
-        const Real da = gap2(a), db = gap2(a + 1);
-        if (db < da || (db == da && MI[a + 1] < MI[a])) {
-            stack[sp] = a; gaps[sp] = da; node = a + 1; g2 = db;
-        } else {
-            stack[sp] = a + 1; gaps[sp] = db; node = a; g2 = da;
-        }
-        ++sp;
-        continue;
-    }
-    const int s = (int)(((wp::int64)(node - leaves) * n) >> depth);
-    const int e = (int)(((wp::int64)(node - leaves + 1) * n) >> depth);
-    for (int t = s; t < e; ++t) {
-        const Vec diff = q - P[t];
-        const Real d2 = square(diff);
-        // b and kd are inf until the list is full: every finite point enters until then
-        if (d2 <= b) {
-            const Real d = d2 < inf && d2 >= (Real)1e-30 ? wp::sqrt(d2) : norm_of(diff);
-            const wp::int64 j = (wp::int64)O[t];
-            if ((d < kd || (d == kd && j < kj)) && j != skip) {
-                int pos = c < k - 1 ? c : k - 1;
-                while (pos > 0) {
-                    const Real dp = D(pos - 1);
-                    const wp::int64 jp = J(pos - 1);
-                    if (!(d < dp || (d == dp && j < jp))) break;
-                    D(pos) = dp;
-                    J(pos) = jp;
-                    --pos;
-                }
-                D(pos) = d;
-                J(pos) = j;
-#if !defined(__CUDA_ARCH__)
-                // knn_aggregate reads the neighbours' feature rows next (aggregate_row)
-                if (features.shape[0]) __builtin_prefetch((const char*)features.data + j * features.strides[0]);
-#endif
-                if (c < k) ++c;
-                if (c == k) {  // the bound of the k-th distance, as sq_bound
-                    kd = D(k - 1);
-                    kj = J(k - 1);
-                    b = kd * kd * (Real)1.0001 + (Real)1e-30;
-                }
-            }
-        }
-    }
-    node = 0;
-}
-""".replace("STACK", str(STACK)).replace("NORM_OF", NORM_OF)
+_KNN_SNIPPET = native("knn_query.h").replace("STACK", str(STACK)).replace("NORM_OF", NORM_OF)
 
 
 @template.func_native(_KNN_SNIPPET)

@@ -21,38 +21,14 @@ from .geometry import BALL_WALK, NORM_OF, RESUMED, cloud_of, query_at, resumed, 
 from .knn import QUERY, REF, knn_query
 from .rows import pull_on_distance
 from .sort import sort_row
-from .template import func, kernel
+from .template import func, kernel, native
 
 # count_row: query i's neighbours within the radius in cloud c (j == i left out with
 # skip_self), and their places in the tree in row i of `listed` (see geometry.RESUMED). Native
 # code: in Warp (ball_first/ball_next), radius_count took 1.21 of a 2.9 ms radius call (2 000
 # queries, 10^4 duplicated points; 0.53 ms native) and 32.7 ms on a LiDAR sweep of 10^5 points
 # (12.0 ms native).
-_COUNT_SNIPPET = r"""
-NORM_OF
-BALL_WALK
-char* const row = (char*)listed.data + (size_t)i * (size_t)listed.strides[0];
-const size_t ls = (size_t)listed.strides[1];
-auto keep = [&](int c, int value) { *(wp::int32*)(row + (size_t)c * ls) = value; };
-const int room = listed.shape[1];
-int count = 0, kept_leaf = 0, kept_at = 0, kept_end = 0;
-walk(0, 0, 0, [&](int t, int leaf, int e) {
-    if (count < room) {  // the place; once the row is full, where the walk goes on
-        keep(count, t);
-    } else if (count == room && room >= RESUMED) {
-        keep(room - 3, kept_leaf);
-        keep(room - 2, kept_at);
-        keep(room - 1, -1 - kept_end);
-    }
-    if (count == room - RESUMED) {
-        kept_leaf = leaf;
-        kept_at = t + 1;
-        kept_end = e;
-    }
-    ++count;
-});
-return count;
-"""
+_COUNT_SNIPPET = native("lists_count_row.h")
 
 
 def _walking(snippet: str) -> str:
@@ -108,21 +84,7 @@ def list_offsets(counts: wp.array(dtype=wp.int64), cap: int, stride: int, offset
 
 # listed_row: the neighbours at the `kept` places that row i of `listed` holds, as entries
 # (distance, original index) of the row at s, in native code as count_row.
-_LISTED_ROW_SNIPPET = r"""
-NORM_OF
-const Vec* __restrict__ P = (const Vec*)tree.points.data;  // the tree's arrays are packed
-const wp::int32* __restrict__ O = (const wp::int32*)tree.order.data;
-const char* const row = (const char*)listed.data + (size_t)i * (size_t)listed.strides[0];
-const size_t ls = (size_t)listed.strides[1];
-char* const dp = (char*)dist.data;
-char* const ip = (char*)idx.data;
-const size_t ds = (size_t)dist.strides[0], is = (size_t)idx.strides[0];
-for (int t = 0; t < kept; ++t) {
-    const int p = *(const wp::int32*)(row + (size_t)t * ls);
-    *(Real*)(dp + (size_t)(s + t) * ds) = norm_of(q - P[p]);
-    *(wp::int64*)(ip + (size_t)(s + t) * is) = (wp::int64)O[p];
-}
-"""
+_LISTED_ROW_SNIPPET = native("lists_listed_row.h")
 
 
 @template.func_native(_LISTED_ROW_SNIPPET.replace("NORM_OF", NORM_OF))
@@ -142,22 +104,7 @@ def listed_row(
 # at[1] of leaf at[0] (its places ending at at[2]; leaf 0: from the start): every neighbour
 # in turn (the row has room for all). Returns how many entries the row holds. Native code,
 # as count_row.
-_WALK_ROW_SNIPPET = r"""
-NORM_OF
-BALL_WALK
-char* const dp = (char*)dist.data;
-char* const ip = (char*)idx.data;
-const size_t ds = (size_t)dist.strides[0], is = (size_t)idx.strides[0];
-auto D = [&](int t) -> Real& { return *(Real*)(dp + (size_t)t * ds); };
-auto J = [&](int t) -> wp::int64& { return *(wp::int64*)(ip + (size_t)t * is); };
-int held = size;
-walk(at[0], at[1], at[2], [&](int t, int, int) {
-    D(s + held) = norm_of(q - P[t]);
-    J(s + held) = (wp::int64)O[t];
-    ++held;
-});
-return held;
-"""
+_WALK_ROW_SNIPPET = native("lists_walk_row.h")
 
 
 @template.func_native(_walking(_WALK_ROW_SNIPPET))

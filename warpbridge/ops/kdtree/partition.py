@@ -12,7 +12,7 @@ import warp as wp
 from . import template
 from .dtypes import DIM, SAMPLE, Item, Sample, SampleAt, T, V
 from .geometry import part
-from .template import func
+from .template import func, native
 
 
 @func
@@ -56,37 +56,7 @@ def split_axis(pts: wp.array(dtype=V), items: wp.array(dtype=Item), base: int, p
 # runtime axis through a copy on the stack, and a load that waits on that store. The CPU
 # builds went 1.15-1.3x faster with both partitions so (10^4 to 10^7 points, one and two
 # threads; 10^5 Gaussian points on one thread 7.7 -> 6.4 ms).
-_PARTITION_POINTS_SNIPPET = r"""
-typedef wp::vec_t<NDIM, REAL> Point;
-char* pd = (char*)pts.data;
-char* od = (char*)order.data;
-const size_t ps = (size_t)pts.strides[0], os = (size_t)order.strides[0];
-auto P = [&](int t) -> Point& { return *(Point*)(pd + (size_t)t * ps); };
-auto O = [&](int t) -> wp::int32& { return *(wp::int32*)(od + (size_t)t * os); };
-const Point pivot = P(pick);
-const wp::int32 pivot_index = O(pick);
-P(pick) = P(right);
-O(pick) = O(right);
-const REAL key = pivot[axis];
-const size_t off = (size_t)axis * sizeof(REAL);
-int store = left;
-for (int j = left; j < right; ++j) {
-    const REAL c = *(const REAL*)(pd + (size_t)j * ps + off);
-    const wp::int32 oj = O(j);
-    const Point pj = P(j);
-    const int below = (c < key) | ((c == key) & (oj < pivot_index));
-    P(j) = P(store);
-    O(j) = O(store);
-    P(store) = pj;
-    O(store) = oj;
-    store += below;
-}
-P(right) = P(store);
-O(right) = O(store);
-P(store) = pivot;
-O(store) = pivot_index;
-return store;
-"""
+_PARTITION_POINTS_SNIPPET = native("partition_partition_points.h")
 
 
 @template.func_native(_PARTITION_POINTS_SNIPPET)
@@ -100,31 +70,7 @@ def partition_points(
 # one thread measured 0.77 -> 0.53 ms at 10^4 points and 11.1 -> 7.8 ms at 10^5 (the
 # same partition written in Warp on the records gained ~1.2x, not ~1.45x). The key is
 # loaded at the axis's offset, not taken from the record's copy (see partition_points).
-_PARTITION_SNIPPET = r"""
-struct Record { REAL p[NDIM]; wp::int32 i; };  // Item's layout (checked in Python)
-char* data = (char*)items.data;
-const size_t step = (size_t)items.strides[0];
-auto at = [&](int t) -> Record& { return *(Record*)(data + (size_t)t * step); };
-const Record pivot = at(pick);
-at(pick) = at(right);
-const REAL key = pivot.p[axis];
-const wp::int32 pivot_index = pivot.i;
-int store = left;
-const size_t off = (size_t)axis * sizeof(REAL);
-for (int j = left; j < right; ++j) {
-    const char* pj = data + (size_t)j * step;
-    const REAL c = *(const REAL*)(pj + off);
-    const wp::int32 ri = ((const Record*)pj)->i;
-    const Record r = at(j);
-    const int below = (c < key) | ((c == key) & (ri < pivot_index));
-    at(j) = at(store);
-    at(store) = r;
-    store += below;
-}
-at(right) = at(store);
-at(store) = pivot;
-return store;
-"""
+_PARTITION_SNIPPET = native("partition_split.h")
 
 
 @template.func_native(_PARTITION_SNIPPET)

@@ -12,6 +12,7 @@ The modules' own globals hold the float32 types, so they read (and lint) as floa
 from __future__ import annotations
 
 import inspect
+import pathlib
 import types
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -19,6 +20,13 @@ from typing import Any
 import warp as wp
 
 _TAG = "__warpbridge_kind__"
+NATIVE = pathlib.Path(__file__).parent / "native"  # the native snippets, C++ function bodies
+
+
+def native(name: str) -> str:
+    """The native snippet in ``native/<name>``: a C++ function body, with the placeholder words
+    its module fills in (``REAL``, ``NDIM``, ...)."""
+    return (NATIVE / name).read_text()
 
 
 def func(f: Callable) -> Callable:

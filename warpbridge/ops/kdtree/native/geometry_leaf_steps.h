@@ -1,0 +1,33 @@
+
+const int first = cloud[0], n = cloud[1], depth = cloud[3], leaves = 1 << depth;
+const Vec* __restrict__ P = (const Vec*)tree.points.data;  // the tree's arrays are packed
+const Vec* __restrict__ LO = (const Vec*)tree.lo.data + cloud[2];
+const Vec* __restrict__ HI = (const Vec*)tree.hi.data + cloud[2];
+auto near = [&](int node) -> bool {  // as near_box
+    Vec g;
+    for (int a = 0; a < NDIM; ++a) g[a] = wp::max(wp::max(LO[node][a] - q[a], q[a] - HI[node][a]), (Real)0);
+    if (square(g) > reach) return false;
+    return reach < inf || norm_of(g) <= radius * (Real)1.00001;
+};
+auto after = [](int node) -> int {  // as after
+    while (node & 1) node >>= 1;
+    return node == 0 ? 0 : node + 1;
+};
+auto next_leaf = [&](int node) -> int {  // as leaf_from
+    while (node > 0) {
+        if (!near(node)) node = after(node);
+        else if (node < leaves) node = 2 * node;
+        else return node;
+    }
+    return 0;
+};
+auto start_of = [&](int leaf) -> int { return first + (int)(((wp::int64)(leaf - leaves) * n) >> depth); };
+// within(diff): |diff| <= radius, as norm_of compares it; the square root only near the radius
+// (a squared distance below `inside` is within it: norm_of is sqrt there, and a radius of at
+// least 1e-10 is far above what the squares' underflow can hide).
+const Real r2 = radius * radius;
+const Real inside = r2 >= (Real)1e-20 && r2 < inf ? r2 * (Real)0.9999 : (Real)-1;
+auto within = [&](const Vec& diff) -> bool {
+    const Real d2 = square(diff);
+    return d2 <= reach && (d2 <= inside || norm_of(diff) <= radius);
+};
