@@ -99,7 +99,7 @@ def pair_count(
     counts: wp.array(dtype=wp.int64),
 ):
     # Atom i's pairs (home[i]: its bin and structure; place[i]: where its point is in bin order).
-    i = wp.tid() * stride + offset
+    i = int(grid.atoms[wp.tid() * stride + offset])  # in bin order: neighbouring atoms walk the same bins
     counts[i] = wp.int64(count_pairs(i, home, place, grid, cut2, full))
 
 
@@ -120,5 +120,5 @@ def pair_fill(
 ):
     # Atom i's pairs at offsets[i] on: neighbours, returned shifts (the bin's, corrected by the
     # wraps), distances and, where `vectors` is not empty, the vectors D; sorted by distance.
-    i = wp.tid() * stride + offset
+    i = int(grid.atoms[wp.tid() * stride + offset])  # in bin order: neighbouring atoms walk the same bins
     fill_pairs(i, home, place, grid, cut2, full, offsets, js, shifts, dist, vectors)
