@@ -283,3 +283,14 @@ def test_forces_and_stress_under_torch_compile_equal_eager():
     got = torch.compile(forces_and_stress)(*fresh())
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_more_pairs_than_one_call_returns_are_refused_before_the_fill(monkeypatch):
+    from warpbridge.ops import _cell_grid
+
+    monkeypatch.setattr(_cell_grid, "MAX_PAIRS", 10)
+    pos, cell, pbc, cutoff = STRUCTURES["cubic box"]
+    with pytest.raises(
+        wb.WarpBridgeError, match=r"^neighbor_list\(\): [\d,]+ pairs found, more than one call returns \(10\)"
+    ):
+        wb.ops.neighbor_list(torch.tensor(pos), cutoff, cell=torch.tensor(cell), pbc=pbc)

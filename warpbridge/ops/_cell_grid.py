@@ -17,6 +17,7 @@ from .._core.errors import fail
 from . import _declared, kdtree
 
 MAX_VISITS = 1 << 27  # the most (atom, cell image) pairs a structure's walks may visit
+MAX_PAIRS = (1 << 31) - 1  # the most pairs one call returns (Warp's array sizes are 32-bit)
 _MARGIN = 1.0 + 1e-9
 
 
@@ -42,6 +43,11 @@ def pairs(
     count = counts.numpy()
     offsets = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
     e = int(offsets[-1])
+    if e > MAX_PAIRS:
+        raise fail(
+            "neighbor_list",
+            f"{e:,} pairs found, more than one call returns ({MAX_PAIRS:,}); use a smaller cutoff or fewer structures per call",
+        )
     js, dist = wp.empty(e, dtype=wp.int64, device=device), wp.empty(e, dtype=wp.float64, device=device)
     shifts = wp.empty(e, dtype=k.vec3l, device=device)
     vec = wp.empty(e if vectors else 0, dtype=wp.vec3d, device=device)
