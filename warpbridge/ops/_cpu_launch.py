@@ -4,7 +4,7 @@ keep a long call interruptible. The neighbour ops launch every kernel this way.
 
 On the CPU a launch calls the compiled entry point directly with a copy of an argument struct
 recorded once (``warp_runtime.record``, as ``plan.KernelPlan`` does); its chunks run on a team
-of the OpenMP threads a loaded framework brings (``cpu_team``), else on warpbridge's own
+of the OpenMP threads a loaded framework brings (``_cpu_team``), else on warpbridge's own
 thread pool. Elsewhere it is one ``wp.launch``.
 
 State kept across calls, all of it listed in docs/architecture.md: the thread pool, the

@@ -1,5 +1,5 @@
 """The kd-tree on the host: its arrays' shapes, its build, its ``Tree`` struct, and the order
-in which a search takes its queries. The kernels are ``kdtree``'s; the launches ``_core.cpu_launch``'s.
+in which a search takes its queries. The kernels are ``kdtree``'s; the launches ``_cpu_launch``'s.
 """
 
 from __future__ import annotations
