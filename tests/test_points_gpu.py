@@ -168,3 +168,44 @@ def test_lists_graphs_and_batches_match_the_cpu():
         grads.append([g.cpu() for g in torch.autograd.grad((nb.distance * w).sum(), (a, b))])
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a)
+
+
+def test_the_point_model_and_atomistic_ops_match_the_cpu():
+    """What the point-cloud models and force fields call, on CUDA against the CPU: feature-space
+    kNN and graphs (64-D, ties, a short and an empty cloud: the scalar CUDA block), capped radius
+    rows on a lattice (the kNN walk bounded by the radius, self-join), fps, knn_interpolate, and
+    neighbor_list with its arrays on the device (the search on the host, D and d built there)."""
+    sizes = torch.tensor([40, 3, 0, 97])
+    b = torch.repeat_interleave(torch.arange(4), sizes)
+    h = torch.randint(0, 2, (int(sizes.sum()), 64), generator=torch.Generator().manual_seed(1)).float()
+    for got, want in zip(
+        wb.ops.knn(h.cuda(), h.cuda(), 20, query_batch=b.cuda(), ref_batch=b.cuda()),
+        wb.ops.knn(h, h, 20, query_batch=b, ref_batch=b),
+    ):
+        assert torch.equal(got.cpu(), want)
+    assert torch.equal(wb.ops.knn_graph(h.cuda(), 6, batch=b.cuda()).cpu(), wb.ops.knn_graph(h, 6, batch=b))
+    g = torch.arange(6.0, dtype=torch.float64)
+    lat = torch.stack(torch.meshgrid(g, g, g, indexing="ij"), -1).reshape(-1, 3)
+    for loop in (True, False):
+        got = wb.ops.radius(lat.cuda(), lat.cuda(), 1.0, loop=loop, max_neighbors=4)
+        want = wb.ops.radius(lat, lat, 1.0, loop=loop, max_neighbors=4)
+        for a, c in zip((got.index, got.ptr, got.distance), (want.index, want.ptr, want.distance)):
+            assert torch.equal(a.cpu(), c)
+    pos, _, feats = clouds(0, 4096, 8, torch.float32, seed=5)
+    pb = torch.arange(4).repeat_interleave(1024)
+    assert torch.equal(
+        wb.ops.fps(pos.cuda(), 0.25, batch=pb.cuda(), random_start=False).cpu(),
+        wb.ops.fps(pos, 0.25, batch=pb, random_start=False),
+    )
+    coarse = pos[::4]
+    up = wb.ops.knn_interpolate(feats[::4].cuda(), coarse.cuda(), pos.cuda(), pb[::4].cuda(), pb.cuda(), k=3)
+    torch.testing.assert_close(
+        up.cpu(), wb.ops.knn_interpolate(feats[::4], coarse, pos, pb[::4], pb, k=3), rtol=1e-5, atol=1e-5
+    )
+    atoms, cell = torch.rand(200, 3, dtype=torch.float64) * 9, torch.eye(3, dtype=torch.float64) * 9
+    got = wb.ops.neighbor_list(atoms.cuda().requires_grad_(), 3.0, cell=cell.cuda(), quantities="ijSd")
+    want = wb.ops.neighbor_list(atoms, 3.0, cell=cell, quantities="ijSd")
+    assert got[3].is_cuda and got[3].requires_grad
+    for a, c in zip(got[:3], want[:3]):
+        assert torch.equal(a.cpu(), c)
+    torch.testing.assert_close(got[3].detach().cpu(), want[3], rtol=1e-12, atol=1e-12)
