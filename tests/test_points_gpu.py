@@ -191,7 +191,7 @@ def test_the_point_model_and_atomistic_ops_match_the_cpu():
         want = wb.ops.radius(lat, lat, 1.0, loop=loop, max_neighbors=4)
         for a, c in zip((got.index, got.ptr, got.distance), (want.index, want.ptr, want.distance)):
             assert torch.equal(a.cpu(), c)
-    pos, _, feats = clouds(0, 4096, 8, torch.float32, seed=5)
+    _, pos, feats = clouds(1, 4096, 8, torch.float32, seed=5)
     pb = torch.arange(4).repeat_interleave(1024)
     assert torch.equal(
         wb.ops.fps(pos.cuda(), 0.25, batch=pb.cuda(), random_start=False).cpu(),
