@@ -258,6 +258,8 @@ def _chart_sections(name: str, data: dict) -> dict | None:
             sections.setdefault(f"default threads / one thread, {r['condition']}", {})[r["case"]] = r["ratio"]
     elif name.startswith(("atomistic", "point_models")):
         sections = {f"{r['case']}, {r['threads']} thread(s): ms": r["ms"] for r in data["rows"]}
+    elif name.startswith("gpu_point_models"):
+        sections = {f"{r['case']}, {r['device']}: ms": r["ms"] for r in data["rows"]}
     elif name.startswith("scale"):
         rows = data["rows"]
         sections = {
