@@ -133,5 +133,7 @@ def test_ctrl_c_is_acted_on_before_the_next_segment(framework, segment, phase):
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
     assert "interrupted" in lines, out.stdout
     reached, after = (int(v) for v in lines["interrupted"].split())
-    assert reached == segment and after == 0, out.stdout
+    # the signalling thread may be scheduled a segment or two late on a busy machine (a CI run
+    # saw 3 for 1); what must hold is that no segment starts once the signal is sent
+    assert reached >= segment and after == 0, out.stdout
     assert lines["usable"] == "True"
