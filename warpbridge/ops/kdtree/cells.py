@@ -40,17 +40,17 @@ class Grid:
     wrap: wp.array(dtype=vec3l)
 
 
-# The walk over atom i's neighbours: VISIT runs for each (j, s, d2) with d2 < cut2, not i
-# itself unshifted, and with `full` == 0 only the half the half-list rule keeps (i < j, or
-# for an atom's own image the shift whose first non-zero component is positive).
+# The walk over atom i's neighbour bins: INNER runs for each bin within reach, with its shift
+# (sx, sy, sz) and `base` = the shift in the cell minus x_i; RESULT is what it returns.
 _WALK = native("cells_walk.h")
 
-# The pairs with the atoms of one bin: each visited in turn (fill), or counted in one loop
-# that vectorises (count: 8.0 -> 4.9 ms at 10^4 atoms, one thread).
+# The pairs with the atoms of one bin: each visited in turn (fill: VISIT runs for each (j, s,
+# d2) with d2 < cut2, not i itself unshifted, and with `full` == 0 only the half the half-list
+# rule keeps: i < j, or for an atom's own image the shift whose first non-zero component is
+# positive), or counted in one loop that vectorises (count: 8.0 -> 4.9 ms at 10^4 atoms).
 _EACH = native("cells_each.h")
 _COUNT_BIN = native("cells_count_bin.h")
-_COUNT = _WALK.replace("RESULT", "count").replace("INNER", _COUNT_BIN)
-_COUNT = "int count = 0;\n" + _COUNT
+_COUNT = "int count = 0;\n" + _WALK.replace("RESULT", "count").replace("INNER", _COUNT_BIN)
 
 # fill: the walk gathers a row of up to ROW pairs (its length is known from the count) in local
 # arrays, ranks them by distance (each against every other: branch-free compares that

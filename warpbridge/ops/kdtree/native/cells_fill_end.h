@@ -7,17 +7,17 @@ if (local) {
         int r = 0;
         for (int u = 0; u < padded; ++u) r += (row_d[u] < dt) | ((row_d[u] == dt) & (u < t));  // ties: earlier first
         const int j = row_j[t];
-        const vec3l_ wj = *wp::address(grid.wrap, j);
+        const vec3l wj = *wp::address(grid.wrap, j);
         out_d[r] = wp::sqrt(dt);
         out_j[r] = j;
-        out_s[r] = vec3l_((wp::int64)row_s[t][0] + wi[0] - wj[0], (wp::int64)row_s[t][1] + wi[1] - wj[1], (wp::int64)row_s[t][2] + wi[2] - wj[2]);
+        out_s[r] = vec3l((wp::int64)row_s[t][0] + wi[0] - wj[0], (wp::int64)row_s[t][1] + wi[1] - wj[1], (wp::int64)row_s[t][2] + wi[2] - wj[2]);
         if (with_vectors) out_v[r] = wp::vec3d(row_v[t][0], row_v[t][1], row_v[t][2]);
     }
 } else {
     for (int t = 1; t < n; ++t) {
         const double d = out_d[t];
         const wp::int64 j = out_j[t];
-        const vec3l_ sh = out_s[t];
+        const vec3l sh = out_s[t];
         const wp::vec3d v = with_vectors ? out_v[t] : wp::vec3d();
         int p = t;
         for (; p > 0 && out_d[p - 1] > d; --p) {

@@ -1,13 +1,13 @@
 
 constexpr int ROW = 256;
-typedef wp::vec_t<3, wp::int64> vec3l_;
+typedef wp::vec_t<3, wp::int64> vec3l;
 const wp::int64 s0 = *wp::address(offsets, i);
 const int expected = (int)(*wp::address(offsets, i + 1) - s0);
 const bool local = expected <= ROW, with_vectors = vectors.shape[0] > 0;
-const vec3l_ wi = *wp::address(grid.wrap, i);
+const vec3l wi = *wp::address(grid.wrap, i);
 double* const out_d = (double*)dist.data + s0;
 wp::int64* const out_j = (wp::int64*)js.data + s0;
-vec3l_* const out_s = (vec3l_*)shifts.data + s0;
+vec3l* const out_s = (vec3l*)shifts.data + s0;
 wp::vec3d* const out_v = with_vectors ? (wp::vec3d*)vectors.data + s0 : nullptr;
 double row_d[ROW + 8], row_v[ROW][3];
 int row_j[ROW], row_s[ROW][3];

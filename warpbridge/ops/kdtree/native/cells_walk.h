@@ -1,5 +1,4 @@
 
-typedef wp::vec_t<3, wp::int64> vec3l;
 const wp::vec4i h = *wp::address(home, i);
 if (h[0] < 0) return RESULT;  // not finite: nobody's neighbour
 const int b = h[3];
