@@ -130,9 +130,17 @@ def _layout(k, parts: list, n: int) -> tuple:
             dtype=wp.vec4i,
             device=device,
         ),  # fmt: skip
-        xyz=wp.array(np.ascontiguousarray(points[order].T), dtype=wp.float64, device=device),
+        xyz=wp.array(_padded_rows(points[order]), dtype=wp.float64, device=device),
         atoms=wp.array(order.astype(np.int32), dtype=wp.int32, device=device),
         bin_start=wp.array(bin_start, dtype=wp.int32, device=device),
-        wrap=wp.array(np.ascontiguousarray(wrap), dtype=k.vec3l, device=device),
+        wrap=wp.array(np.ascontiguousarray(wrap[order]) if wrap.any() else np.zeros((0, 3), np.int64), dtype=k.vec3l, device=device),
     )
     return home, place, grid
+
+
+def _padded_rows(points: np.ndarray) -> np.ndarray:
+    """(3, N + 8): the points' x, y and z as rows, then 8 columns of inf that no pair takes (a
+    walk reads its bins 8 atoms at a time)."""
+    rows = np.full((3, len(points) + 8), np.inf)
+    rows[:, : len(points)] = points.T
+    return rows

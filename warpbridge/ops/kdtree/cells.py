@@ -29,8 +29,9 @@ class Grid:
     # cells[b]: structure b's lattice vectors (rows); shape[b]: its bins per axis and its
     # first bin; reach[b]: how many bins either side a walk visits, and whether each axis is
     # periodic (w); xyz, atoms: the atoms in bin order (float64 wrapped positions as three
-    # rows x, y, z, their indices); bin_start: each bin's first place, and the end; wrap[a]: the
-    # cells atom a was wrapped by (its returned shifts are corrected by them).
+    # rows x, y, z, padded with inf, their indices); bin_start: each bin's first place, and the
+    # end; wrap[t]: the cells the atom at place t was wrapped by (its returned shifts are
+    # corrected by them), in bin order; empty where no atom was wrapped.
     cells: wp.array2d(dtype=wp.vec3d)
     shape: wp.array(dtype=wp.vec4i)
     reach: wp.array(dtype=wp.vec4i)
@@ -44,8 +45,8 @@ class Grid:
 # (sx, sy, sz) and `base` = the shift in the cell minus x_i; RESULT is what it returns.
 _WALK = native("cells_walk.h")
 
-# The pairs with the atoms of one bin: each visited in turn (fill: VISIT runs for each (j, s,
-# d2) with d2 < cut2, not i itself unshifted, and with `full` == 0 only the half the half-list
+# The pairs with the atoms of one bin: each visited in turn (fill: VISIT runs for each (t, j, s,
+# D, d2) with d2 < cut2, not i itself unshifted, and with `full` == 0 only the half the half-list
 # rule keeps: i < j, or for an atom's own image the shift whose first non-zero component is
 # positive), or counted in one loop that vectorises (count: 8.0 -> 4.9 ms at 10^4 atoms).
 _EACH = native("cells_each.h")
@@ -53,10 +54,9 @@ _COUNT_BIN = native("cells_count_bin.h")
 _COUNT = "int count = 0;\n" + _WALK.replace("RESULT", "count").replace("INNER", _COUNT_BIN)
 
 # fill: the walk gathers a row of up to ROW pairs (its length is known from the count) in local
-# arrays, ranks them by distance (each against every other: branch-free compares that
-# vectorise; ties keep the walk's order) and writes each once, at its rank. A longer row is
-# written in the walk's order and sorted in place by insertion. (Writing every row, reading
-# it back and sorting it by insertion took 34 ms at 10^4 atoms; this, about 25.)
+# arrays, 8 candidates of a bin at a time (their distances vectorise), buckets them by squared
+# distance (stable), sorts the buckets by insertion (ties keep the walk's order) and writes the
+# row in order. A longer row is written in the walk's order and sorted in place by insertion.
 _FILL_START = native("cells_fill_start.h")
 _VISIT_FILL = native("cells_visit_fill.h")
 _FILL_END = native("cells_fill_end.h")

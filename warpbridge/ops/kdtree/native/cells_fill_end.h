@@ -1,16 +1,29 @@
 
-if (local) {
-    const int padded = (n + 7) & ~7;  // whole vectors: the padding is inf, never before anything
-    for (int t = n; t < padded; ++t) row_d[t] = (double)INFINITY;
+if (local) {  // bucketed by distance (stable), then insertion-sorted: the buckets leave few moves
+    constexpr int NB = 64;
+    const double scale = NB / cut2;
+    int start[NB + 1] = {0}, perm[ROW];
+    unsigned char key[ROW];
     for (int t = 0; t < n; ++t) {
-        const double dt = row_d[t];
-        int r = 0;
-        for (int u = 0; u < padded; ++u) r += (row_d[u] < dt) | ((row_d[u] == dt) & (u < t));  // ties: earlier first
-        const int j = row_j[t];
-        const vec3l wj = *wp::address(grid.wrap, j);
-        out_d[r] = wp::sqrt(dt);
-        out_j[r] = j;
-        out_s[r] = vec3l((wp::int64)row_s[t][0] + wi[0] - wj[0], (wp::int64)row_s[t][1] + wi[1] - wj[1], (wp::int64)row_s[t][2] + wi[2] - wj[2]);
+        const int kt = (int)(row_d[t] * scale);
+        key[t] = (unsigned char)(kt < NB - 1 ? kt : NB - 1);
+        row_r[t] = wp::sqrt(row_d[t]);
+    }
+    for (int t = 0; t < n; ++t) ++start[key[t] + 1];
+    for (int c = 0; c < NB; ++c) start[c + 1] += start[c];
+    for (int t = 0; t < n; ++t) perm[start[key[t]]++] = t;
+    for (int p = 1; p < n; ++p) {
+        const int v = perm[p];
+        const double dv = row_d[v];
+        int q = p;
+        for (; q > 0 && row_d[perm[q - 1]] > dv; --q) perm[q] = perm[q - 1];  // ties keep the walk's order
+        perm[q] = v;
+    }
+    for (int r = 0; r < n; ++r) {
+        const int t = perm[r];
+        out_d[r] = row_r[t];
+        out_j[r] = row_j[t];
+        out_s[r] = vec3l(row_s[t][0], row_s[t][1], row_s[t][2]);
         if (with_vectors) out_v[r] = wp::vec3d(row_v[t][0], row_v[t][1], row_v[t][2]);
     }
 } else {

@@ -1,12 +1,13 @@
 {
+    const vec3l wj = wrapped ? *wp::address(grid.wrap, t) : vec3l();
+    const vec3l s(sx + wi[0] - wj[0], sy + wi[1] - wj[1], sz + wi[2] - wj[2]);
     if (local) {
-        row_d[n] = d2; row_j[n] = j; row_s[n][0] = sx; row_s[n][1] = sy; row_s[n][2] = sz;
+        row_d[n] = d2; row_j[n] = j; row_s[n][0] = (int)s[0]; row_s[n][1] = (int)s[1]; row_s[n][2] = (int)s[2];
         if (with_vectors) { row_v[n][0] = D[0]; row_v[n][1] = D[1]; row_v[n][2] = D[2]; }
     } else {
-        const vec3l wj = *wp::address(grid.wrap, j);
         out_d[n] = d2;
         out_j[n] = j;
-        out_s[n] = vec3l((wp::int64)sx + wi[0] - wj[0], (wp::int64)sy + wi[1] - wj[1], (wp::int64)sz + wi[2] - wj[2]);
+        out_s[n] = s;
         if (with_vectors) out_v[n] = D;
     }
     ++n;
