@@ -133,7 +133,11 @@ def _layout(k, parts: list, n: int) -> tuple:
         xyz=wp.array(_padded_rows(points[order]), dtype=wp.float64, device=device),
         atoms=wp.array(order.astype(np.int32), dtype=wp.int32, device=device),
         bin_start=wp.array(bin_start, dtype=wp.int32, device=device),
-        wrap=wp.array(np.ascontiguousarray(wrap[order]) if wrap.any() else np.zeros((0, 3), np.int64), dtype=k.vec3l, device=device),
+        wrap=wp.array(
+            np.ascontiguousarray(wrap[order]) if wrap.any() else np.zeros((0, 3), np.int64),
+            dtype=k.vec3l,
+            device=device,
+        ),
     )
     return home, place, grid
 

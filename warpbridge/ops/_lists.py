@@ -41,7 +41,8 @@ def radius(
     """Every reference point within ``radius`` of each query point, as lists.
 
     Args:
-        query: (M, D) query points, D from 1 to 16 (3-D is the fastest path).
+        query: (M, D) query points, D from 1 to 4096 (3-D is the fastest path; past 16, an
+            exact brute force per cloud).
         ref: (N, D) reference points, same D, dtype and device.
         radius: search radius, > 0 (a point at exactly ``radius`` is in).
         query_batch, ref_batch: (M,) and (N,) int64 cloud numbers, sorted (PyG's batch
@@ -77,7 +78,7 @@ def radius_graph(x: Any, r: float, *, batch: Any = None, loop: bool = False, max
     grouped by centre, nearest first.
 
     Args:
-        x: (N, D) points, D from 1 to 16.
+        x: (N, D) points, D from 1 to 4096 (past 16, an exact brute force per cloud).
         r: radius, > 0.
         batch: (N,) int64 cloud numbers, sorted (PyG's batch vector): edges only within a
             cloud. None (default): one cloud.

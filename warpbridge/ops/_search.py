@@ -52,7 +52,11 @@ def check_clouds(op: str, adapter: Any, arrays: dict[str, Any], features: str = 
     for name, (dtype, shape, _) in metas.items():
         want = _wanted(name, features).rsplit(" ", 1)[0]
         if len(shape) != 2 or (name != features and not 1 <= shape[1] <= most):
-            more = "" if op in ROWS_OPS or len(shape) != 2 else f" (knn and knn_graph take up to {MAX_ROWS_DIM})"
+            more = (
+                ""
+                if op in ROWS_OPS or len(shape) != 2
+                else f" (knn, knn_graph, radius, radius_graph, knn_aggregate and knn_interpolate take up to {MAX_ROWS_DIM})"
+            )
             raise fail(op, f"'{name}' must have shape {want} with 1 <= D <= {most}, got {shape}{more}")
         if dtype not in _FLOATS:
             raise fail(op, f"'{name}' must be float16, bfloat16, float32 or float64, got {dtype}")
@@ -78,7 +82,7 @@ def check_clouds(op: str, adapter: Any, arrays: dict[str, Any], features: str = 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 MAX_DIM = 16  # the most coordinates per point of a kd-tree op
 MAX_ROWS_DIM = 4096  # the most for the ops with a brute-force path past MAX_DIM (_declared_rows)
-ROWS_OPS = ("knn", "knn_graph")
+ROWS_OPS = ("knn", "knn_graph", "radius", "radius_graph", "knn_aggregate", "knn_interpolate")
 _HALF = ("float16", "bfloat16")
 
 

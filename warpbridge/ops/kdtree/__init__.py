@@ -44,7 +44,7 @@ deterministic on the CPU without atomics contending.
 
 The files split by concern: ``dtypes`` (the float types and structs), ``geometry`` (distances,
 boxes, the walk), ``rows`` (feature-row arithmetic), ``partition`` and ``build`` (the tree),
-``morton`` (the queries' Morton order), ``radius`` and ``knn`` (the searches and their
+``morton`` (the queries' Morton order), ``weights`` (the aggregations' weights), ``radius`` and ``knn`` (the searches and their
 backwards), ``lists`` (radius neighbour lists, kNN graphs). Each function is written once and compiled per float type (``template``).
 """
 
@@ -53,7 +53,22 @@ from typing import Any
 
 import warp as wp
 
-from . import brute, build, cells, dtypes, geometry, knn, lists, morton, partition, radius, rows, sampling, sort
+from . import (
+    brute,
+    build,
+    cells,
+    dtypes,
+    geometry,
+    knn,
+    lists,
+    morton,
+    partition,
+    radius,
+    rows,
+    sampling,
+    sort,
+    weights,
+)
 from .template import instantiate
 
 # The most points per leaf: the fewest levels that leave at most this many, so 11 to 22 per
@@ -63,7 +78,7 @@ from .template import instantiate
 LEAF_SIZE = 22
 MORTON_BITS = morton.MORTON_BITS
 QUERY, REF, FEATURES, ONE_PASS = knn.QUERY, knn.REF, knn.FEATURES, radius.ONE_PASS
-_MODULES = (geometry, rows, partition, build, morton, knn, radius, sort, lists, sampling)
+_MODULES = (geometry, rows, partition, build, morton, weights, knn, radius, sort, lists, sampling)
 
 
 @functools.cache
@@ -88,16 +103,21 @@ _EXPORTED = (
 )  # fmt: skip
 
 
+ROW_MODULES = (weights, brute)  # the brute force's code, by module
+ROW_KERNELS = (
+    "rows_knn", "rows_radius_count", "rows_radius_fill", "rows_transpose", "rows_aggregate",
+    "rows_knn_backward", "rows_list_backward", "rows_aggregate_backward",
+)  # fmt: skip
+
+
 @functools.cache
 def row_kernels(scalar: Any) -> Any:
-    """The brute-force kNN kernels over plain (M, D) rows (``brute``), for any D, in a module
+    """The brute-force kNN and radius kernels over plain (M, D) rows (``brute``), for any D, in a module
     of their own per float type."""
     real = "wp::float32" if scalar is wp.float32 else "wp::float64"
     module = f"warpbridge_rows_{scalar.__name__}"
-    scope = instantiate((brute,), {"T": scalar}, module, {"REAL": real})
-    return _Kernels(
-        module=module, T=scalar, **{n: scope[n] for n in ("rows_knn", "rows_transpose", "rows_knn_backward")}
-    )
+    scope = instantiate(ROW_MODULES, {"T": scalar}, module, {"REAL": real})
+    return _Kernels(module=module, T=scalar, **{n: scope[n] for n in ROW_KERNELS})
 
 
 @functools.cache
