@@ -58,7 +58,8 @@ def knn_aggregate(
     Differentiable w.r.t. ``query``, ``ref`` and ``features``.
 
     Args:
-        query: (M, D) query points, D from 1 to 16 (3-D is the fastest path).
+        query: (M, D) query points, D from 1 to 4096 (3-D is the fastest path; past 16, an
+            exact brute force per cloud).
         ref: (N, D) reference points, same D.
         features: (N, F) reference features.
         k: neighbours per query, ``k >= 1``; a query with fewer aggregates the ones it has.
@@ -93,7 +94,7 @@ def knn_interpolate(x: Any, pos_x: Any, pos_y: Any, batch_x: Any = None, batch_y
 
     Args:
         x: (N, F) features of the source points.
-        pos_x: (N, D) source points, D from 1 to 16.
+        pos_x: (N, D) source points, D from 1 to 4096 (past 16, an exact brute force per cloud).
         pos_y: (M, D) target points.
         batch_x, batch_y: (N,) and (M,) int64 cloud numbers, sorted, or None (one cloud).
         k: neighbours per target point (default 3).
