@@ -415,16 +415,23 @@ def _two_thread_results(ins):
         wb.ops.set_num_threads(None)
 
 
-def _counting_team_jobs(monkeypatch) -> list:
-    """Count the launches that went to PyTorch's OpenMP team (each makes one TeamJob)."""
+def _counting_team_jobs(monkeypatch, timed: bool = False) -> list:
+    """Count the launches that went to PyTorch's OpenMP team (each makes one TeamJob), every
+    kernel's launches on the team (none runs on one thread for having found a thread late
+    before: the machine running the tests may be busy); with ``timed``, as the launches' own
+    timing decides, from a clean slate."""
     jobs: list = []
 
     class Counted(cpu_team.TeamJob):
         def __init__(self, *a):
-            jobs.append(a)
             super().__init__(*a)
+            jobs.append(self)
 
     monkeypatch.setattr(cpu_team, "TeamJob", Counted)
+    if not timed:
+        monkeypatch.setattr(cpu_launch._Run, "solo", lambda run: False)
+    for direct in cpu_launch._RECORDED.values():
+        monkeypatch.setattr(direct, "solo_until", 0.0)
     return jobs
 
 
@@ -438,7 +445,7 @@ def test_openmp_workers_and_own_pool_give_the_same_bits(monkeypatch):
     ins = [t.clone().requires_grad_() for t in (q, r, f)]
     with_omp = _two_thread_results(ins)
     assert len(jobs) >= 6  # the build, the searches and the backwards, scatters included
-    assert {job[-4] for job in jobs} >= {0} and any(job[-4] > 0 for job in jobs)  # slots and chunks
+    assert {job.chunk for job in jobs} >= {0} and any(job.chunk > 0 for job in jobs)  # slots and chunks
     monkeypatch.setattr(cpu_team, "TEAMS", {})
     jobs.clear()
     own_pool = _two_thread_results(ins)
@@ -472,6 +479,58 @@ def test_a_parallel_launch_runs_every_query_once(m, n_slots, scatter, openmp, mo
     else:  # contiguous chunks of about m / (threads * CHUNKS_PER_THREAD), each from its offset
         chunk = -(-m // (n_slots * cpu_launch.CHUNKS_PER_THREAD))
         assert (starts == np.arange(m) // chunk * chunk).all()
+
+
+class _Clock:
+    """time for _cpu_launch: perf_counter in seconds as set, and perf_counter_ns advancing a
+    second a call (every team launch looks far slower than its work on one thread)."""
+
+    def __init__(self):
+        self.now, self.ns = 100.0, 0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def perf_counter_ns(self) -> int:
+        self.ns += 10**9
+        return self.ns
+
+
+@pytest.mark.parametrize("scatter", [False, True], ids=["chunks", "slots"])
+def test_a_kernel_that_waited_for_a_late_thread_runs_alone_for_a_while(scatter, monkeypatch):
+    """A team launch that takes longer than its work would on one thread (a thread came late:
+    its core was busy) sends that kernel's next launches to the calling thread, in turn (a
+    scatter's slots one after the other: the same sums), for SOLO_SECONDS; then the team again."""
+    import types
+
+    import kernels
+
+    cpu = wp.get_device("cpu")
+    _tree.kernels_for("float32", cpu)
+    clock = _Clock()
+    monkeypatch.setattr(
+        cpu_launch,
+        "time",
+        types.SimpleNamespace(perf_counter=clock.perf_counter, perf_counter_ns=clock.perf_counter_ns),
+    )
+    jobs = _counting_team_jobs(monkeypatch, timed=True)
+    m, slots = 1000, 2
+
+    def launch():
+        hits, offsets = wp.zeros(m, dtype=wp.int32, device=cpu), wp.full(m, -1, dtype=wp.int32, device=cpu)
+        cpu_launch.launch_queries(kernels.visit, m, slots, [], [hits, offsets], cpu, None, scatter=scatter)
+        assert (hits.numpy() == 1).all()
+        if scatter:
+            assert (offsets.numpy() == np.arange(m) % slots).all()
+
+    launch()
+    assert len(jobs) == 1 and jobs[0].chunk_ns < 10**9  # a thread took work, and timed it
+    clock.now += cpu_launch.SOLO_SECONDS / 2
+    launch()
+    assert len(jobs) == 1  # alone, in turn
+    clock.now += cpu_launch.SOLO_SECONDS
+    launch()
+    assert len(jobs) == 2  # the team again
 
 
 @pytest.mark.parametrize("scatter", [False, True], ids=["chunks", "slots"])

@@ -8,8 +8,8 @@ of the OpenMP threads a loaded framework brings (``_cpu_team``), else on warpbri
 thread pool. Elsewhere it is one ``wp.launch``.
 
 State kept across calls, all of it listed in docs/architecture.md: the thread pool, the
-recorded launches (``_RECORDED``), each thread's reusable scratch (``kept``) and the shared
-empty arrays (``nothing``).
+recorded launches (``_RECORDED``, each with until when its launches run on one thread), each
+thread's reusable scratch (``kept``) and the shared empty arrays (``nothing``).
 """
 
 from __future__ import annotations
@@ -49,6 +49,13 @@ CHUNKS_PER_THREAD = 8
 # one segment.
 SEGMENT_SECONDS = 0.1
 FIRST_SEGMENT = 1 << 16
+# A team launch that took longer than its work would on one thread (the pieces of work times
+# the least time a thread took per piece) waited for a thread that came late: its core busy
+# with another process, which can hold it for a scheduler slice (milliseconds) while the
+# caller waits at the region's end. That kernel's launches then run on the calling thread
+# alone for SOLO_SECONDS; the next team launch after that measures again. (knn over 2 000
+# points with a second core busy: 5.1 ms at the default threads against 3.1 on one, before.)
+SOLO_SECONDS = 0.25
 
 
 def _threads_from_environment() -> int:
@@ -156,9 +163,27 @@ def _launch_range(run: Any, start: int, count: int, n_slots: int, scatter: bool)
         return
     chunk = 0 if scatter else max(CHUNK_MIN, -(-count // (n_slots * CHUNKS_PER_THREAD)))
     team = getattr(run, "team", None)
-    if team is not None:
+    if team is not None and run.solo():
+        _in_turn(run, start, count, n_slots, scatter)
+    elif team is not None:
         team(start, count, n_slots, chunk)  # on PyTorch's OpenMP workers, no Python between chunks
+    else:
+        _on_pool(run, start, count, n_slots, scatter, chunk)
+
+
+def _in_turn(run: Any, start: int, count: int, n_slots: int, scatter: bool) -> None:
+    """The queries ``start .. start + count`` on this thread: a scatter's slots one after the
+    other (the same sums as on a team)."""
+    if not scatter:
+        run(count, 1, start)
         return
+    for t in range(n_slots):
+        run(len(range(t, count, n_slots)), n_slots, start + t)
+
+
+def _on_pool(run: Any, start: int, count: int, n_slots: int, scatter: bool, chunk: int) -> None:
+    """The queries ``start .. start + count`` on warpbridge's pool (``parallel``): a scatter's
+    slots, or chunks of ``chunk`` queries, taken in turn."""
     if scatter:
         shares = iter(range(n_slots))  # slot t's queries: start + t, + n_slots, ...; any thread may run it
 
@@ -239,6 +264,7 @@ class _Direct:
         self.at = (getattr(self.Args, self.stride).offset, getattr(self.Args, self.offset).offset)
         self.at += (self.Bounds.size.offset,)
         self.entry = ctypes.cast(self.forward, ctypes.c_void_p).value
+        self.solo_until = 0.0  # until when its launches run on one thread (SOLO_SECONDS)
         # the layouts the team's native loop copies and writes: the struct within its buffers,
         # 32-bit stride and offset, the count first in the bounds
         fields = getattr(self.Args, self.stride), getattr(self.Args, self.offset)
@@ -259,6 +285,11 @@ class _Run:
         self.direct, self.args, self.team_launch = direct, args, team
         self.team = self._team if team is not None and direct.teams else None
 
+    def solo(self) -> bool:
+        """Whether this kernel's launches run on the calling thread alone for now."""
+        until = self.direct.solo_until
+        return until > 0.0 and time.perf_counter() < until
+
     def __call__(self, count: int, stride: int, offset: int) -> None:
         d = self.direct
         args = d.Args.from_buffer_copy(self.args)
@@ -271,11 +302,19 @@ class _Run:
         team = self.team_launch
         bounds = d.Bounds((m,))
         job = _cpu_team.TeamJob(
-            team.parallel, d.entry, ctypes.addressof(self.args), ctypes.addressof(bounds),
+            team.parallel, d.entry, ctypes.addressof(self.args), ctypes.addressof(bounds), team.clock,
             ctypes.sizeof(d.Args), ctypes.sizeof(bounds), *d.at, start, m, chunk, slots, slots, 0,
+            _CLOCK_ID, _NO_TIME,
         )  # fmt: skip
+        began = time.perf_counter_ns()
         team.forward(ctypes.byref(team.bounds), ctypes.byref(team.Args(ctypes.addressof(job))))
+        alone = (slots if chunk == 0 else -(-m // chunk)) * job.chunk_ns  # this work on one thread
+        if time.perf_counter_ns() - began > alone:
+            d.solo_until = time.perf_counter() + SOLO_SECONDS
 
+
+_CLOCK_ID = time.CLOCK_MONOTONIC if hasattr(time, "CLOCK_MONOTONIC") else 1
+_NO_TIME = (1 << 63) - 1
 
 # (kernel, device, each argument's (dtype, ndim) or type) -> _Direct
 _RECORDED: dict = {}

@@ -21,7 +21,8 @@ TEAM_BOUNDS_MAX = 64  # and the largest launch bounds
 # shares of `slots` scatter slots (slot s: queries base + s, base + s + slots, ...; stride
 # `slots`, offset base + s, with `base` a multiple of `slots`, so the kernel finds its slot as
 # offset % stride), so a slot's sums do not depend on which thread runs it. Each thread patches its own copy of the argument struct
-# (stride and offset) and of the launch bounds (the count). Layouts come from ctypes.
+# (stride and offset) and of the launch bounds (the count), and leaves in `chunk_ns` the least
+# time per piece of work any thread took (clock_gettime, by its address). Layouts come from ctypes.
 _TEAM_SNIPPET = (
     native("cpu_team_loop.h")
     .replace("TEAM_ARGS_MAX", str(TEAM_ARGS_MAX))
@@ -29,8 +30,9 @@ _TEAM_SNIPPET = (
 )
 
 TEAM_JOB = (
-    ("gomp_parallel", "forward", "args", "bounds"),  # pointers
-    ("args_size", "bounds_size", "stride_at", "offset_at", "size_at", "base", "m", "chunk", "slots", "threads", "next"),
+    ("gomp_parallel", "forward", "args", "bounds", "clock_gettime"),  # pointers
+    ("args_size", "bounds_size", "stride_at", "offset_at", "size_at", "base", "m", "chunk", "slots", "threads", "next")
+    + ("clock_id", "chunk_ns"),
 )
 
 
@@ -65,6 +67,7 @@ def gomp() -> Any:
                 if paths:
                     lib = ctypes.CDLL(paths[0])
                     lib.wb_parallel = ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value
+                    lib.wb_clock = ctypes.cast(ctypes.CDLL(None).clock_gettime, ctypes.c_void_p).value
             except (OSError, AttributeError):
                 lib = None
         _GOMP[:] = [lib, os.getpid()]
@@ -77,14 +80,16 @@ class TeamJob(ctypes.Structure):
 
 class Team(NamedTuple):
     """A device's recorded team launch: its compiled entry point, argument struct type and
-    bounds, the module executable that keeps it loaded; ``GOMP_parallel``'s address, and the
-    process it belongs to (a forked child has no OpenMP threads: it must not use it)."""
+    bounds, the module executable that keeps it loaded; ``GOMP_parallel``'s and
+    ``clock_gettime``'s addresses, and the process it belongs to (a forked child has no OpenMP
+    threads: it must not use it)."""
 
     forward: Any
     Args: Any
     bounds: Any
     module_exec: Any
     parallel: int
+    clock: int
     pid: int
 
 
@@ -99,5 +104,5 @@ def load(device: Any) -> None:
         rec = warp_runtime.record(team(), 1, [0], device)
         if rec.direct:
             TEAMS[device.alias] = Team(
-                rec.hooks.forward, rec.Args, rec.bounds, rec.module_exec, lib.wb_parallel, os.getpid()
+                rec.hooks.forward, rec.Args, rec.bounds, rec.module_exec, lib.wb_parallel, lib.wb_clock, os.getpid()
             )
