@@ -14,6 +14,7 @@ import numpy as np
 import warp as wp
 
 from .._core.errors import fail
+from . import _cpu_launch as cpu_launch
 from . import _declared, kdtree
 
 MAX_VISITS = 1 << 27  # the most (atom, cell image) pairs a structure's walks may visit
@@ -36,8 +37,9 @@ def pairs(
     n, k, device = len(pos), kdtree.cell_kernels(), wp.get_device("cpu")
     parts = [_structure(pos[s:e], cells[b], periodic[b], cutoff) for b, (s, e) in enumerate(zip(starts, starts[1:]))]
     home, bins, grid = _layout(k, parts, n)
+    grid.cut2, grid.full = float(cutoff) ** 2, int(full)
     home_w, place = wp.array(home, dtype=wp.vec4i, device=device), wp.array(bins, dtype=wp.int32, device=device)
-    before = [home_w, place, grid, float(cutoff) ** 2, int(full)]
+    before = [home_w, place, grid]
     counts = wp.empty(n, dtype=wp.int64, device=device)
     _declared.launch(k.pair_count, n, before, [counts], device)
     count = counts.numpy()
@@ -67,9 +69,7 @@ def _structure(x: np.ndarray, cell: np.ndarray, periodic: np.ndarray, cutoff: fl
     wrap = np.where(periodic, np.floor(frac), 0.0).astype(np.int64)
     frac -= wrap
     heights = 1.0 / np.linalg.norm(inverse, axis=0)  # between the lattice planes of each axis
-    inner = frac[finite] if finite.any() else np.zeros((1, 3))
-    lo = np.where(periodic, 0.0, inner.min(0))
-    span = np.where(periodic, 1.0, inner.max(0) - lo)
+    lo, span = _extent(frac, finite, periodic)
     thickness = span * heights
     shape = np.maximum(1, np.floor(thickness / (cutoff * _MARGIN))).astype(np.int64)
     while shape.prod() > 2 * len(x) + 8:  # sparse clusters: no more bins than atoms to fill them
@@ -92,6 +92,16 @@ def _structure(x: np.ndarray, cell: np.ndarray, periodic: np.ndarray, cutoff: fl
     )
 
 
+def _extent(frac: np.ndarray, finite: np.ndarray, periodic: np.ndarray) -> tuple:
+    """Where the bins start and how far they reach along each axis, in fractional coordinates:
+    the cell's [0, 1) along a periodic axis, the finite atoms' range along the others."""
+    if periodic.all():
+        return np.zeros(3), np.ones(3)
+    inner = frac if finite.all() else frac[finite] if finite.any() else np.zeros((1, 3))
+    lo = np.where(periodic, 0.0, inner.min(0))
+    return lo, np.where(periodic, 1.0, inner.max(0) - lo)
+
+
 def _check_visits(atoms: int, reach: np.ndarray, heights: np.ndarray, cutoff: float) -> None:
     visits = int(np.prod(2 * reach + 1)) * atoms
     if visits > MAX_VISITS:
@@ -112,10 +122,8 @@ def _layout(k, parts: list, n: int) -> tuple:
     shape = np.array([p["shape"] for p in parts]).reshape(-1, 3)
     finite = coords[:, 0] >= 0
     bin_id = np.where(finite, firsts[structure] + (coords[:, 0] * shape[structure, 1] + coords[:, 1]) * shape[structure, 2] + coords[:, 2], firsts[-1])  # fmt: skip
-    order = np.argsort(bin_id, kind="stable")
-    place = np.empty(n, dtype=np.int32)
-    place[order] = np.arange(n, dtype=np.int32)
-    bin_start = np.searchsorted(bin_id[order], np.arange(firsts[-1] + 1)).astype(np.int32)
+    atoms, place, bin_start = _sorted_by_bin(k, bin_id.astype(np.int32), int(firsts[-1]))
+    order = atoms.numpy()
     home = np.concatenate([coords, structure[:, None]], 1).astype(np.int32)
     points = np.concatenate([p["points"] for p in parts]) if parts else np.zeros((0, 3))
     wrap = np.concatenate([p["wrap"] for p in parts]) if parts else np.zeros((0, 3), np.int64)
@@ -131,8 +139,8 @@ def _layout(k, parts: list, n: int) -> tuple:
             device=device,
         ),  # fmt: skip
         xyz=wp.array(_padded_rows(points[order]), dtype=wp.float64, device=device),
-        atoms=wp.array(order.astype(np.int32), dtype=wp.int32, device=device),
-        bin_start=wp.array(bin_start, dtype=wp.int32, device=device),
+        atoms=atoms,
+        bin_start=bin_start,
         wrap=wp.array(
             np.ascontiguousarray(wrap[order]) if wrap.any() else np.zeros((0, 3), np.int64),
             dtype=k.vec3l,
@@ -140,6 +148,24 @@ def _layout(k, parts: list, n: int) -> tuple:
         ),
     )
     return home, place, grid
+
+
+def _sorted_by_bin(k, bin_id: np.ndarray, bins: int) -> tuple:
+    """(the atoms in bin order, as a Warp array; each atom's place in that order; each bin's
+    first place, then the end of the last, as a Warp array), ``bin_id`` each atom's bin
+    (``bins`` for the atoms that are not finite): a stable counting sort, O(N) where NumPy's
+    stable argsort of the ids is a comparison sort."""
+    device = wp.get_device("cpu")
+    starts = np.zeros(bins + 2, dtype=np.int32)
+    np.cumsum(np.bincount(bin_id, minlength=bins + 1), out=starts[1:])
+    order, place = (
+        wp.empty(len(bin_id), dtype=wp.int32, device=device),
+        wp.empty(len(bin_id), dtype=wp.int32, device=device),
+    )
+    next_place = wp.array(starts[:-1], dtype=wp.int32, device=device)  # advanced by the sort
+    ids = wp.array(bin_id, dtype=wp.int32, device=device)
+    cpu_launch.launch_queries(k.atoms_by_bin, 1, 1, [ids], [next_place, order, place], device, None)
+    return order, place.numpy(), wp.array(starts[:-1], dtype=wp.int32, device=device)
 
 
 def _padded_rows(points: np.ndarray) -> np.ndarray:

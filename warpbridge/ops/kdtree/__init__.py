@@ -126,7 +126,10 @@ def cell_kernels() -> Any:
     module = "warpbridge_cells"
     scope = instantiate((cells,), {"T": wp.float64}, module, {})
     return _Kernels(
-        module=module, Grid=cells.Grid, vec3l=cells.vec3l, **{n: scope[n] for n in ("pair_count", "pair_fill")}
+        module=module,
+        Grid=cells.Grid,
+        vec3l=cells.vec3l,
+        **{n: scope[n] for n in ("atoms_by_bin", "pair_count", "pair_fill")},
     )
 
 

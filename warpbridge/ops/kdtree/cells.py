@@ -31,7 +31,8 @@ class Grid:
     # periodic (w); xyz, atoms: the atoms in bin order (float64 wrapped positions as three
     # rows x, y, z, padded with inf, their indices); bin_start: each bin's first place, and the
     # end; wrap[t]: the cells the atom at place t was wrapped by (its returned shifts are
-    # corrected by them), in bin order; empty where no atom was wrapped.
+    # corrected by them), in bin order; empty where no atom was wrapped. cut2: the cutoff
+    # squared; full: 1 for a full list, 0 for a half list.
     cells: wp.array2d(dtype=wp.vec3d)
     shape: wp.array(dtype=wp.vec4i)
     reach: wp.array(dtype=wp.vec4i)
@@ -39,6 +40,8 @@ class Grid:
     atoms: wp.array(dtype=wp.int32)
     bin_start: wp.array(dtype=wp.int32)
     wrap: wp.array(dtype=vec3l)
+    cut2: wp.float64
+    full: wp.int32
 
 
 # The walk over atom i's neighbour bins: INNER runs for each bin within reach, with its shift
@@ -66,9 +69,7 @@ _FILL = _FILL_START + (_WALK.rsplit("return RESULT;", 1)[0] + _FILL_END).replace
 
 
 @template.func_native(_COUNT)
-def count_pairs(
-    i: int, home: wp.array(dtype=wp.vec4i), place: wp.array(dtype=wp.int32), grid: Grid, cut2: wp.float64, full: int
-) -> int: ...
+def count_pairs(i: int, home: wp.array(dtype=wp.vec4i), place: wp.array(dtype=wp.int32), grid: Grid) -> int: ...
 
 
 @template.func_native(_FILL)
@@ -77,8 +78,6 @@ def fill_pairs(
     home: wp.array(dtype=wp.vec4i),
     place: wp.array(dtype=wp.int32),
     grid: Grid,
-    cut2: wp.float64,
-    full: int,
     offsets: wp.array(dtype=wp.int64),
     js: wp.array(dtype=wp.int64),
     shifts: wp.array(dtype=vec3l),
@@ -92,15 +91,32 @@ def pair_count(
     home: wp.array(dtype=wp.vec4i),
     place: wp.array(dtype=wp.int32),
     grid: Grid,
-    cut2: wp.float64,
-    full: int,
     stride: int,
     offset: int,
     counts: wp.array(dtype=wp.int64),
 ):
     # Atom i's pairs (home[i]: its bin and structure; place[i]: where its point is in bin order).
     i = int(grid.atoms[wp.tid() * stride + offset])  # in bin order: neighbouring atoms walk the same bins
-    counts[i] = wp.int64(count_pairs(i, home, place, grid, cut2, full))
+    counts[i] = wp.int64(count_pairs(i, home, place, grid))
+
+
+@kernel
+def atoms_by_bin(
+    bins: wp.array(dtype=wp.int32),
+    stride: int,
+    offset: int,
+    next_place: wp.array(dtype=wp.int32),
+    order: wp.array(dtype=wp.int32),
+    place: wp.array(dtype=wp.int32),
+):
+    # One thread: each atom, in index order, to the next free place of its bin (a stable
+    # counting sort; next_place starts at each bin's first place): the atoms in bin order,
+    # and each atom's place in it.
+    for a in range(bins.shape[0]):
+        p = next_place[bins[a]]
+        next_place[bins[a]] = p + 1
+        order[p] = a
+        place[a] = p
 
 
 @kernel
@@ -108,8 +124,6 @@ def pair_fill(
     home: wp.array(dtype=wp.vec4i),
     place: wp.array(dtype=wp.int32),
     grid: Grid,
-    cut2: wp.float64,
-    full: int,
     offsets: wp.array(dtype=wp.int64),
     stride: int,
     offset: int,
@@ -121,4 +135,4 @@ def pair_fill(
     # Atom i's pairs at offsets[i] on: neighbours, returned shifts (the bin's, corrected by the
     # wraps), distances and, where `vectors` is not empty, the vectors D; sorted by distance.
     i = int(grid.atoms[wp.tid() * stride + offset])  # in bin order: neighbouring atoms walk the same bins
-    fill_pairs(i, home, place, grid, cut2, full, offsets, js, shifts, dist, vectors)
+    fill_pairs(i, home, place, grid, offsets, js, shifts, dist, vectors)

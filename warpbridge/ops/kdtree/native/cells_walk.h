@@ -7,6 +7,8 @@ const double* __restrict__ X = (const double*)grid.xyz.data;
 const int stride_xyz = (int)(grid.xyz.strides[0] / sizeof(double));
 const double* __restrict__ Y = X + stride_xyz;
 const double* __restrict__ Z = Y + stride_xyz;
+const double cut2 = grid.cut2;
+const int full = grid.full;
 const int pi = *wp::address(place, i);
 const wp::vec3d xi(X[pi], Y[pi], Z[pi]);
 const wp::vec3d c0 = *wp::address(grid.cells, b, 0), c1 = *wp::address(grid.cells, b, 1), c2 = *wp::address(grid.cells, b, 2);
