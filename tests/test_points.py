@@ -15,6 +15,7 @@ import warp as wp
 import warpbridge as wb
 from warpbridge import WarpBridgeError
 from warpbridge.ops import _cpu_launch as cpu_launch
+from warpbridge.ops import _cpu_pool as cpu_pool
 from warpbridge.ops import _cpu_team as cpu_team
 from warpbridge.ops import _tree
 
@@ -551,7 +552,7 @@ def test_the_caller_does_not_wait_for_a_helper_that_never_started(scatter, monke
     pool = ThreadPoolExecutor(max_workers=1)
     blocker = pool.submit(lambda: (held.set(), release.wait()))
     held.wait()
-    monkeypatch.setattr(cpu_launch, "_pool", lambda: pool)
+    monkeypatch.setattr(cpu_pool, "_pool", lambda: pool)
     m = 300
     hits, offsets = wp.zeros(m, dtype=wp.int32, device=cpu), wp.full(m, -1, dtype=wp.int32, device=cpu)
     try:

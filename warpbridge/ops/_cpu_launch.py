@@ -5,32 +5,27 @@ keep a long call interruptible. The neighbour ops launch every kernel this way.
 On the CPU a launch calls the compiled entry point directly with a copy of an argument struct
 recorded once (``warp_runtime.record``, as ``plan.KernelPlan`` does); its chunks run on a team
 of the OpenMP threads a loaded framework brings (``_cpu_team``), else on warpbridge's own
-thread pool. Elsewhere it is one ``wp.launch``.
+thread pool (``_cpu_pool``). Elsewhere it is one ``wp.launch``.
 
-State kept across calls, all of it listed in docs/architecture.md: the thread pool, the
-recorded launches (``_RECORDED``, each with until when its launches run on one thread), each
+State kept across calls, all of it listed in docs/architecture.md: the recorded launches (``_RECORDED``, each with until when its launches run on one thread), each
 thread's reusable scratch (``kept``) and the shared empty arrays (``nothing``).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import warp as wp
 
 from .._core import warp_runtime
 from .._core.errors import WarpBridgeError
+from . import _cpu_pool as cpu_pool
 from . import _cpu_team
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-_POOL_PID = 0
 _num_threads: int | None = None
 _CPUS = os.cpu_count() or 1
 # Below this many queries a second thread costs more than it saves: a kNN search over 10^4
@@ -97,16 +92,6 @@ def slots(device: Any, m: int) -> int:
     return max(1, min(get_num_threads(), m // MIN_QUERIES_PER_SLOT))
 
 
-def _pool() -> ThreadPoolExecutor:
-    global _POOL, _POOL_PID
-    if _POOL is None or os.getpid() != _POOL_PID:  # a forked child has none of the parent's threads
-        with _POOL_LOCK:
-            if _POOL is None or os.getpid() != _POOL_PID:
-                _POOL = ThreadPoolExecutor(max_workers=max(2, _CPUS), thread_name_prefix="warpbridge")
-                _POOL_PID = os.getpid()
-    return _POOL
-
-
 def launch_queries(
     kernel: Any,
     m: int,
@@ -168,7 +153,7 @@ def _launch_range(run: Any, start: int, count: int, n_slots: int, scatter: bool)
     elif team is not None:
         team(start, count, n_slots, chunk)  # on PyTorch's OpenMP workers, no Python between chunks
     else:
-        _on_pool(run, start, count, n_slots, scatter, chunk)
+        cpu_pool.launch_range(run, start, count, n_slots, scatter, chunk)
 
 
 def _in_turn(run: Any, start: int, count: int, n_slots: int, scatter: bool) -> None:
@@ -179,76 +164,6 @@ def _in_turn(run: Any, start: int, count: int, n_slots: int, scatter: bool) -> N
         return
     for t in range(n_slots):
         run(len(range(t, count, n_slots)), n_slots, start + t)
-
-
-def _on_pool(run: Any, start: int, count: int, n_slots: int, scatter: bool, chunk: int) -> None:
-    """The queries ``start .. start + count`` on warpbridge's pool (``parallel``): a scatter's
-    slots, or chunks of ``chunk`` queries, taken in turn."""
-    if scatter:
-        shares = iter(range(n_slots))  # slot t's queries: start + t, + n_slots, ...; any thread may run it
-
-        def work(thread: int, team: int) -> None:
-            for t in shares:
-                if stopped[0]:
-                    return
-                run(len(range(t, count, n_slots)), n_slots, start + t)
-
-    else:
-        chunks = iter(range(start, start + count, chunk))  # next() is atomic under the GIL
-
-        def work(thread: int, team: int) -> None:
-            for first in chunks:
-                if stopped[0]:
-                    return
-                run(min(chunk, start + count - first), 1, first)
-
-    stopped = [False]  # the caller was interrupted: the threads take no further chunk
-    parallel(work, n_slots, stopped)
-
-
-def parallel(work: Any, n: int, stopped: list | None = None) -> None:
-    """Run ``work(thread, team)`` on up to ``n`` threads of warpbridge's pool, the caller
-    included, where ``work`` takes its shares from a common supply until none is left: once
-    the caller's own ``work`` returns, a helper that has not started yet is cancelled, not
-    waited for (a helper on a core that is busy or was idle can start milliseconds late; the
-    caller has done its shares by then). Re-raise the first error, once every started thread
-    has stopped (so an interrupt never leaves a thread writing into arrays the caller frees).
-    On an error or interrupt in the caller, ``stopped[0]`` turns True, for work that checks it
-    between chunks."""
-    futures, inline = [], []
-    for t in range(1, n):
-        try:
-            futures.append(_pool().submit(work, t, n))
-        except RuntimeError:  # the interpreter is exiting (JAX finishing a computation at exit)
-            inline.append(t)
-    stopped = stopped if stopped is not None else [False]
-    try:
-        work(0, n)
-        for t in inline:
-            work(t, n)
-    except BaseException:
-        stopped[0] = True
-        raise
-    finally:
-        futures = [f for f in futures if not f.cancel()]  # those that started: wait for them
-        _wait_all(futures, stopped)
-    for f in futures:
-        f.result()
-
-
-def _wait_all(futures: list, stopped: list) -> None:
-    """Wait until every future is done, even through KeyboardInterrupt (which sets
-    ``stopped[0]`` and is re-raised after)."""
-    interrupted = None
-    while True:
-        try:
-            concurrent.futures.wait(futures)
-            break
-        except KeyboardInterrupt as e:
-            stopped[0] = True
-            interrupted = e
-    if interrupted is not None:
-        raise interrupted
 
 
 class _Direct:
