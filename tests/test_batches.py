@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import warpbridge as wb
-from warpbridge.ops import _declared
+from warpbridge.ops import _launches
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 # clouds of references and of queries: empty ones, one smaller than k, one that spans leaves
@@ -101,9 +101,9 @@ def test_knn_aggregate_gives_each_cloud_what_a_call_on_it_alone_gives(clouds):
 @pytest.mark.parametrize("path", ["one pass", "pair list", "two searches"])
 def test_radius_aggregate_gives_each_cloud_what_a_call_on_it_alone_gives(clouds, path, monkeypatch):
     if path != "one pass":
-        monkeypatch.setattr(_declared, "one_pass_fits", lambda *a: False)
+        monkeypatch.setattr(_launches, "one_pass_fits", lambda *a: False)
     if path == "two searches":
-        monkeypatch.setattr(_declared, "PAIRS_PER_POINT", -(1 << 40))
+        monkeypatch.setattr(_launches, "PAIRS_PER_POINT", -(1 << 40))
     query, ref, features = clouds
     qb, rb = _batch(QUERY_SIZES), _batch(REF_SIZES)
     q, r, f = _leaves(query, ref, features)

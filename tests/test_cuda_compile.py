@@ -46,7 +46,7 @@ MODULES = {
     "examples/rosenbrock": lambda: _load("examples/rosenbrock.py", "rosenbrock"),
     "benchmarks/_kernels": lambda: _load("benchmarks/_kernels.py", "_kernels"),
     "warpbridge/_cli/tutorial": lambda: _load("warpbridge/_cli/tutorial.py", "warpbridge._cli.tutorial"),
-    "warpbridge/_core/fill_probe": lambda: importlib.import_module("warpbridge._core.fill_probe"),
+    "warpbridge/_core/off_tape_fills": lambda: importlib.import_module("warpbridge._core.off_tape_fills"),
     "warpbridge/_core/compare_kernels": lambda: importlib.import_module("warpbridge._core.compare_kernels"),
 }
 

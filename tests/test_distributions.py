@@ -252,11 +252,11 @@ def test_a_self_join_goes_in_tree_order_and_changes_no_result(name, backward, mo
     the same gradients up to the order of the sums."""
     import numpy as np
 
-    from warpbridge.ops import _declared, _tree
+    from warpbridge.ops import _launches, _tree
 
     if backward == "two searches":
-        monkeypatch.setattr(_declared, "one_pass_fits", lambda *a: False)
-        monkeypatch.setattr(_declared, "PAIRS_PER_POINT", -(10**9))
+        monkeypatch.setattr(_launches, "one_pass_fits", lambda *a: False)
+        monkeypatch.setattr(_launches, "PAIRS_PER_POINT", -(10**9))
 
     took_tree_order = []
     real_order = _tree.query_order

@@ -11,7 +11,7 @@ import torch
 import warp as wp
 
 import warpbridge as wb
-from warpbridge._core import fill_probe, function_checks, launch_function
+from warpbridge._core import launch_function, off_tape_fills, tape_rules
 
 f64 = torch.float64
 
@@ -164,11 +164,11 @@ def test_a_table_larger_than_every_other_array_is_read_once_per_plan(monkeypatch
     # no other array could hold its values: the copy check reads none of its bytes; the first
     # backward reads them once to find them constant (the function re-run on moved inputs)
     read, probes = [], []
-    for module in (function_checks, launch_function, fill_probe):
+    for module in (tape_rules, launch_function, off_tape_fills):
         real = module.host_bytes
         monkeypatch.setattr(module, "host_bytes", lambda a, real=real: read.append(a.size) or real(a))
-    real_probe = fill_probe.input_dependent
-    monkeypatch.setattr(fill_probe, "input_dependent", lambda *a: probes.append(1) or real_probe(*a))
+    real_probe = off_tape_fills.input_dependent
+    monkeypatch.setattr(off_tape_fills, "input_dependent", lambda *a: probes.append(1) or real_probe(*a))
     op = wb.op(K.scaled_by_a_large_table)
     x = _values((5,), seed=9).requires_grad_()
     for step in range(3):
@@ -194,8 +194,8 @@ def test_an_input_dependent_array_filled_outside_the_tape_without_requires_grad_
 
 def test_constants_filled_outside_the_tape_are_probed_once_per_plan(monkeypatch):
     probes = []
-    real_probe = fill_probe.input_dependent
-    monkeypatch.setattr(fill_probe, "input_dependent", lambda *a: probes.append(1) or real_probe(*a))
+    real_probe = off_tape_fills.input_dependent
+    monkeypatch.setattr(off_tape_fills, "input_dependent", lambda *a: probes.append(1) or real_probe(*a))
     op = wb.op(K.scaled_by_constants)
     x = _values((7,), seed=13).requires_grad_()  # a shape of its own: a plan no other test made
     for _ in range(3):

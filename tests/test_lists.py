@@ -335,10 +335,10 @@ def test_radius_lists_compile_once_without_fullgraph():
 def test_check_op_on_the_list_ops():
     """The list ops are wb.op ops: finite differences on the distances, untouched inputs,
     torch.library.opcheck on their registered custom ops."""
-    from warpbridge.ops import _search
+    from warpbridge.ops import _op_table
     from warpbridge.testing import check_op
 
-    ops = _search.ops_for("float64")
+    ops = _op_table.ops_for("float64")
     r, q = cloud("uniform", n=150, seed=11)
     radius = 0.3
     _, d = dense_lists(q, r, radius)
@@ -413,9 +413,9 @@ def test_rows_longer_than_the_count_keeps_are_walked_on_from_where_it_stopped(wi
     narrower than 4, the fill walks the whole row again. The lists are the dense reference's
     either way: duplicated points (rows up to ~250), a self-join without the point itself, a
     batch of two clouds, and a capped list."""
-    from warpbridge.ops import _declared_lists
+    from warpbridge.ops import _list_launches
 
-    monkeypatch.setattr(_declared_lists, "LISTED", width)
+    monkeypatch.setattr(_list_launches, "LISTED", width)
     r, q = cloud("duplicated points", n=1500, seed=5)
     radius = float(dense_distances(q[:100], r).kthvalue(40, dim=1).values.median())
     nb = wb.ops.radius(q, r, radius)
@@ -464,7 +464,7 @@ def test_edge_rows_keep_their_strides_past_32_bits():
     the descriptors alone (no memory of that size is touched); the real size, 2^28 + 2^15 + 1
     pairs, is a benchmark (``benchmarks/lists.py --huge``)."""
     from warpbridge.ops import _tree
-    from warpbridge.ops._declared_lists import edge_rows
+    from warpbridge.ops._list_launches import edge_rows
 
     e = (1 << 28) + 1
     base = 1 << 20  # a made-up address: only descriptors are built

@@ -313,7 +313,7 @@ def test_radius_backward_paths_agree(path, nf, monkeypatch):
     more than it lists; the pair list (CPU, when those copies would not fit); and the two
     searches (CUDA, or more pairs than the budget), with CUDA's trees too. With F = 4 the
     feature terms go 4 at a time, with F = 3 one by one."""
-    from warpbridge.ops import _declared, _tree
+    from warpbridge.ops import _launches, _tree
 
     grids, passes = [], []
     real_tree, real_launch = _tree.build_tree, cpu_launch.launch_queries
@@ -331,16 +331,16 @@ def test_radius_backward_paths_agree(path, nf, monkeypatch):
         monkeypatch.setattr(cpu_launch, "MIN_QUERIES_PER_SLOT", 8)
         monkeypatch.setattr(cpu_launch, "get_num_threads", lambda: 2)
     if path.startswith(("pair list", "two searches")):
-        monkeypatch.setattr(_declared, "one_pass_fits", lambda *a: False)
+        monkeypatch.setattr(_launches, "one_pass_fits", lambda *a: False)
     if path.startswith("two searches"):
-        monkeypatch.setattr(_declared, "PAIRS_PER_POINT", -(10**9))
+        monkeypatch.setattr(_launches, "PAIRS_PER_POINT", -(10**9))
     ordered = []
     if by_sort:  # and both sides in Morton order, as for many points
         monkeypatch.setattr(_tree, "QUERY_ORDER_MIN", 0)
         real_order = _tree.query_order
         monkeypatch.setattr(_tree, "query_order", lambda *a: ordered.append(a[1].shape[0]) or real_order(*a))
     if path == "one pass, searching again":  # every reference point within the radius of every query
-        q, r, f = clouds(30, 2 * _declared.LISTED, nf, seed=21)
+        q, r, f = clouds(30, 2 * _launches.LISTED, nf, seed=21)
         radius = 100.0
         assert torch.cdist(q, r).max() < radius
     else:
@@ -824,10 +824,10 @@ def test_compile_fullgraph_forward_and_backward():
 def test_opcheck_registered_ops():
     """The point ops are wb.op ops like any user's: check_op runs finite differences,
     reentrancy, untouched inputs and torch.library.opcheck on their registered custom ops."""
-    from warpbridge.ops import _search
+    from warpbridge.ops import _op_table
     from warpbridge.testing import check_op
 
-    ops = _search.ops_for("float64")
+    ops = _op_table.ops_for("float64")
     q, r, f = clouds(30, 40, 3, torch.float64, seed=19)
     q = away_from_cutoff(q, r, 0.7)
     ins = [t.clone().requires_grad_() for t in (q, r, f)]

@@ -45,7 +45,7 @@ KINDS = {
 
 # names that belong to warpbridge's inside, not to the user's call
 INTERNAL = re.compile(
-    r"radius_count|radius_list|_declared|'cap'|'skip_self'|'listed'|'n_pairs'|'queries'|'order'|_\dd\b"
+    r"radius_count|radius_list|_launches|'cap'|'skip_self'|'listed'|'n_pairs'|'queries'|'order'|_\dd\b"
 )
 
 

@@ -13,9 +13,11 @@ from typing import Any
 
 import warp as wp
 
-from . import fill_probe
+from . import off_tape_fills
 from .errors import fail
-from .function_checks import (
+from .plan import KernelPlan, Plan, host_bytes
+from .signature import Param, Signature
+from .tape_rules import (
     Untaped,
     check_recorded,
     floating,
@@ -28,8 +30,6 @@ from .function_checks import (
     span,
     spans_of,
 )
-from .plan import KernelPlan, Plan, host_bytes
-from .signature import Param, Signature
 from .warp_runtime import (
     LOAD_LOCK,
     KeepingTape,
@@ -243,7 +243,7 @@ def refuse_host_dependence(op: Any, rec: Recording, in_grads: Sequence[int]) -> 
     kernel took by value, whose values change with the inputs: the gradient stops there.
 
     Constants look the same on the tape. The first backward of a plan that meets either re-runs
-    the function on perturbed copies of the inputs that take a gradient (:mod:`fill_probe`)
+    the function on perturbed copies of the inputs that take a gradient (:mod:`off_tape_fills`)
     and compares; the plan remembers what it found constant."""
     untaped = rec.untaped
     if not untaped.plain and not untaped.numbers:
@@ -260,7 +260,7 @@ def refuse_host_dependence(op: Any, rec: Recording, in_grads: Sequence[int]) -> 
     moved = [p.position for k, p in enumerate(sig.array_inputs) if in_grads[k] and p.is_float]
     try:
         with LOAD_LOCK:  # rare, and its kernel's module may load now
-            arrays, numbers = fill_probe.input_dependent(
+            arrays, numbers = off_tape_fills.input_dependent(
                 sig.func, rec.args, len(sig.inputs), moved, reached, untaped.numbers
             )
     except Exception as e:

@@ -7,12 +7,13 @@ keeps it for the backward, and differentiates with hand-written adjoints
 no dense (M, N) intermediate. Deterministic on the CPU, where queries are split over
 threads (:func:`set_num_threads`).
 
-The ops are declared with ``wb.op`` like any user's op (see ``_declared``): one launch function
+The ops are declared with ``wb.op`` like any user's op (see ``_launches``): one launch function
 per forward, a hand-written backward attached with ``backward=``, the kd-tree kept for it as
 auxiliary outputs. So they run wherever a ``wb.op`` runs: PyTorch (eager, ``torch.compile``,
 ``torch.func``), JAX, Paddle, and forward-only on NumPy arrays and DLPack producers.
-``_search`` and ``_lists`` hold the public functions: they validate the point clouds and pick
-the declared ops for their float type and dimension.
+``_searches``, ``_lists``, ``_sampling`` and ``_atomistic`` hold the public functions: they
+validate the point clouds (``_checks``) and pick the declared ops for their float type and
+dimension (``_op_table``).
 
 Non-finite coordinates never crash and never poison other rows: a reference point with a
 NaN or infinite coordinate is nobody's neighbour; a non-finite query point has no neighbours
@@ -24,10 +25,9 @@ from __future__ import annotations
 from ._atomistic import neighbor_list
 from ._cpu_launch import get_num_threads as get_num_threads
 from ._cpu_launch import set_num_threads as set_num_threads
-from ._knn import KNN, knn, knn_aggregate, knn_interpolate
 from ._lists import Neighbors, knn_graph, radius, radius_graph
 from ._sampling import fps
-from ._search import radius_aggregate
+from ._searches import KNN, knn, knn_aggregate, knn_interpolate, radius_aggregate
 
 __all__ = [
     "KNN", "Neighbors", "fps", "get_num_threads", "knn", "knn_aggregate", "knn_graph", "knn_interpolate", "neighbor_list", "radius",

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._core.errors import describe, fail
 from . import _cell_grid
-from ._search import adapter_of, positive
+from ._checks import adapter_of, positive
 
 QUANTITIES = "ijSdD"
 

@@ -15,7 +15,7 @@ import warp as wp
 
 from .._core.errors import fail
 from . import _cpu_launch as cpu_launch
-from . import _declared, kdtree
+from . import _launches, kdtree
 
 MAX_VISITS = 1 << 27  # the most (atom, cell image) pairs a structure's walks may visit
 MAX_PAIRS = (1 << 31) - 1  # the most pairs one call returns (Warp's array sizes are 32-bit)
@@ -41,7 +41,7 @@ def pairs(
     home_w, place = wp.array(home, dtype=wp.vec4i, device=device), wp.array(bins, dtype=wp.int32, device=device)
     before = [home_w, place, grid]
     counts = wp.empty(n, dtype=wp.int64, device=device)
-    _declared.launch(k.pair_count, n, before, [counts], device)
+    _launches.launch(k.pair_count, n, before, [counts], device)
     count = counts.numpy()
     offsets = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
     e = int(offsets[-1])
@@ -54,7 +54,7 @@ def pairs(
     shifts = wp.empty(e, dtype=k.vec3l, device=device)
     vec = wp.empty(e if vectors else 0, dtype=wp.vec3d, device=device)
     offsets_w = wp.array(offsets, dtype=wp.int64, device=device)
-    _declared.launch(k.pair_fill, n, [*before, offsets_w], [js, shifts, dist, vec], device)
+    _launches.launch(k.pair_fill, n, [*before, offsets_w], [js, shifts, dist, vec], device)
     i = np.repeat(np.arange(n, dtype=np.int64), count)
     return i, js.numpy(), shifts.numpy().reshape(e, 3), dist.numpy(), vec.numpy().reshape(e, 3) if vectors else None
 
@@ -129,7 +129,7 @@ def _layout(k, parts: list, n: int) -> tuple:
     wrap = np.concatenate([p["wrap"] for p in parts]) if parts else np.zeros((0, 3), np.int64)
     bits = np.array([int(p["periodic"] @ [1, 2, 4]) for p in parts], dtype=np.int64).reshape(-1, 1)
     device = wp.get_device("cpu")
-    grid = _declared.struct(
+    grid = _launches.struct(
         k.Grid,
         cells=wp.array(np.array([p["lattice"] for p in parts]).reshape(-1, 3, 3), dtype=wp.vec3d, device=device),
         shape=wp.array(np.concatenate([shape, firsts[:-1, None]], 1).astype(np.int32), dtype=wp.vec4i, device=device),

@@ -10,8 +10,9 @@ import numbers
 from typing import Any, NamedTuple
 
 from .._core.errors import describe, fail
-from . import _declared_lists
-from ._search import adapter_of, batches, check_clouds, declared_op, k_of, positive, size_on_host, widen
+from . import _list_launches
+from ._checks import adapter_of, batches, check_clouds, k_of, positive
+from ._op_table import declared_op, size_on_host, widen
 
 # The most pairs one list may hold: the kernels address its rows with 32-bit places.
 MAX_PAIRS = (1 << 31) - 1
@@ -127,7 +128,7 @@ def knn_graph(x: Any, k: int, *, batch: Any = None, loop: bool = False) -> Any:
     skip_self = _skip_self(op, loop)
     n = a.info(x)[1][0]
     k = min(k_of(op, k, 0), n)  # no point has more neighbours than the cloud has points (0: no (M, k) array)
-    if n * _declared_lists.graph_width(n, k, skip_self) > MAX_PAIRS:
+    if n * _list_launches.graph_width(n, k, skip_self) > MAX_PAIRS:
         raise fail(op, f"N * k = {n * k:,} edges, more than one graph holds ({MAX_PAIRS:,}, 32-bit places)")
     clouds = batches(op, a, {"x": x}, {"batch": batch})
     args, ops, _ = widen(op, a, {"x": x}, dtype)
@@ -202,10 +203,10 @@ def _too_many(op: str, n_pairs: int) -> Exception:
 def _cap(op: str, max_neighbors: Any) -> int:
     """The cap on a row; one no row can reach (``2**31``, ``sys.maxsize``) is no cap."""
     if max_neighbors is None:
-        return _declared_lists.NO_CAP
+        return _list_launches.NO_CAP
     if isinstance(max_neighbors, bool) or not isinstance(max_neighbors, numbers.Integral) or max_neighbors < 1:
         raise fail(op, f"'max_neighbors' must be None (no cap) or a positive int, got {describe(max_neighbors)}")
-    return min(int(max_neighbors), _declared_lists.NO_CAP)
+    return min(int(max_neighbors), _list_launches.NO_CAP)
 
 
 def _skip_self(op: str, loop: Any) -> int:

@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 
 from .._core.errors import WarpBridgeError, describe, fail
-from . import _declared_sampling
+from . import _sampling_launches
 from ._batches import MAX_CLOUDS
-from ._search import adapter_of, batches, check_clouds, declared_op, size_on_host, widen
+from ._checks import adapter_of, batches, check_clouds
+from ._op_table import declared_op, size_on_host, widen
 
 # The most samples one call returns: the kernel addresses them with 32-bit places.
 MAX_SAMPLES = (1 << 31) - 1
@@ -70,7 +71,7 @@ def fps(
                 op, f"random_start=True draws from the framework's random state: {e}; pass random_start=False"
             ) from e
     if not clouds and isinstance(n, int):  # one cloud of a known size: no read (so it traces under jax.jit)
-        n_samples = int(_declared_sampling.sample_counts(np.array([n]), ratio, num, ops_dtype(dtype))[0])
+        n_samples = int(_sampling_launches.sample_counts(np.array([n]), ratio, num, ops_dtype(dtype))[0])
     else:
         n_samples = _last(op, a, sample_ptr, MAX_SAMPLES)
     return ops.fps_sample(args[0], cloud_ptr, sample_ptr, start_at, n_samples)

@@ -1,10 +1,11 @@
-"""The kNN ops' public functions: ``knn``, ``knn_aggregate`` and ``knn_interpolate``."""
+"""The searches whose results are rows of neighbours or aggregated features, as public
+functions: ``knn``, ``knn_aggregate``, ``knn_interpolate`` and ``radius_aggregate``."""
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ._search import run_declared
+from ._op_table import run_declared
 
 
 class KNN(NamedTuple):
@@ -112,3 +113,40 @@ def knn_interpolate(x: Any, pos_x: Any, pos_y: Any, batch_x: Any = None, batch_y
     clouds = {"pos_y": pos_y, "pos_x": pos_x, "x": x}
     batch = {"batch_y": batch_y, "batch_x": batch_x}
     return run_declared("knn_interpolate", clouds, batch, k=k)
+
+
+def radius_aggregate(
+    query: Any, ref: Any, features: Any, radius: float, sigma: float, *, query_batch: Any = None, ref_batch: Any = None
+) -> Any:
+    """Distance-weighted mean of the reference features within ``radius`` of each query point.
+
+    ``out_i = sum_j w_ij f_j / sum_j w_ij`` over the references with ``|q_i - r_j| <= radius``,
+    ``w_ij = exp(-|q_i - r_j| / sigma)``; rows with no neighbour are 0. The exponent is shifted
+    by the nearest neighbour's distance, so any ``radius / sigma`` gives the weighted mean.
+    Differentiable w.r.t. ``query``, ``ref`` and ``features`` (the radius cut-off itself is
+    treated as fixed, as in the dense formula); where a query coincides with a reference the
+    direction term is taken as 0.
+
+    Args:
+        query: (M, D) query points, D from 1 to 16 (3-D is the fastest path).
+        ref: (N, D) reference points, same D.
+        features: (N, F) reference features, same dtype and device.
+        radius: search radius, > 0.
+        sigma: distance scale of the weights, > 0.
+        query_batch, ref_batch: (M,) and (N,) int64 cloud numbers, sorted (PyG's batch
+            vectors): each query sees only the references of its own cloud. None (default):
+            one cloud. See ``docs/batches.md``.
+
+    Returns:
+        (M, F) aggregated features.
+
+    Raises:
+        WarpBridgeError: wrong types, shapes, dtypes or devices; radius or sigma not > 0.
+
+    Example::
+
+        out = wb.ops.radius_aggregate(grid, cloud, feats, radius=0.2, sigma=0.1)
+    """
+    clouds = {"query": query, "ref": ref, "features": features}
+    batch = {"query_batch": query_batch, "ref_batch": ref_batch}
+    return run_declared("radius_aggregate", clouds, batch, radius=radius, sigma=sigma)

@@ -1,5 +1,5 @@
 """The kNN ops (``knn``, ``knn_aggregate``, ``knn_interpolate``), declared with ``wb.op`` as
-``_declared`` declares the radius op: the search runs over a kd-tree built in the call (scratch:
+``_launches`` declares the radius op: the search runs over a kd-tree built in the call (scratch:
 only the neighbour indices are kept for the backward).
 
 No ``from __future__ import annotations`` here: the launch functions' Warp annotations are
@@ -12,8 +12,8 @@ from typing import Any
 import warp as wp
 
 from . import _cpu_launch as cpu_launch
-from . import _declared, _tree
-from ._declared import forest_of
+from . import _launches, _tree
+from ._launches import forest_of
 
 
 def knn_forward(k, query, ref, kk, dist, idx, queries, batch=None, count=None, aggregation=None):
@@ -25,10 +25,10 @@ def knn_forward(k, query, ref, kk, dist, idx, queries, batch=None, count=None, a
         weights = _plain_search(k, device.alias)
     else:
         nothing = cpu_launch.nothing((0, 0), k.T, device)
-        weights = _declared.struct(k.Aggregation, **(dict(features=nothing, out=nothing, sigma=1.0) | aggregation))
+        weights = _launches.struct(k.Aggregation, **(dict(features=nothing, out=nothing, sigma=1.0) | aggregation))
     count = cpu_launch.nothing((0,), wp.int64, device) if count is None else count
     before = [query, _tree.searched_tree(k, query, ref, queries, batch=batch), kk, queries]
-    _declared.launch(k.knn_search, query.shape[0], before, [dist, idx, count, weights], device)
+    _launches.launch(k.knn_search, query.shape[0], before, [dist, idx, count, weights], device)
 
 
 @functools.cache
@@ -36,7 +36,7 @@ def _plain_search(k: Any, device: str) -> Any:
     """The Aggregation of a plain search (nothing to aggregate), made once per kernels and
     device: a struct costs ~7 us to fill, a tenth of a 100-point kNN call."""
     nothing = cpu_launch.nothing((0, 0), k.T, wp.get_device(device))
-    return _declared.struct(k.Aggregation, features=nothing, out=nothing, sigma=1.0, inverse_square=0)
+    return _launches.struct(k.Aggregation, features=nothing, out=nothing, sigma=1.0, inverse_square=0)
 
 
 def _knn_aggregate_backward(
@@ -46,18 +46,18 @@ def _knn_aggregate_backward(
     if not any(needs):
         return
     slots = cpu_launch.slots(device, m)
-    r_slots, f_slots = _declared.thread_copies(dr, slots, needs[1]), _declared.thread_copies(df, slots, needs[2])
-    fours = _declared.in_fours(features, grad, df if needs[2] else None, f_slots if needs[2] and slots > 1 else None)
-    nearest = _declared.struct(k.Nearest, sigma=sigma, inverse_square=inverse_square, out=out, dist=dist, idx=idx)
-    grads = _declared.struct(
+    r_slots, f_slots = _launches.thread_copies(dr, slots, needs[1]), _launches.thread_copies(df, slots, needs[2])
+    fours = _launches.in_fours(features, grad, df if needs[2] else None, f_slots if needs[2] and slots > 1 else None)
+    nearest = _launches.struct(k.Nearest, sigma=sigma, inverse_square=inverse_square, out=out, dist=dist, idx=idx)
+    grads = _launches.struct(
         k.Grads, d_query=dq, d_ref=dr, d_features=df, d_features4=fours[2], ref_slots=r_slots,
         feature_slots=f_slots, feature_slots4=fours[3],
     )  # fmt: skip
-    before = [query, ref, _declared.struct(k.Rows, v=features, v4=fours[0]), nearest]
-    before += [_declared.struct(k.Rows, v=grad, v4=fours[1]), _declared.needs_bits(needs), queries]
+    before = [query, ref, _launches.struct(k.Rows, v=features, v4=fours[0]), nearest]
+    before += [_launches.struct(k.Rows, v=grad, v4=fours[1]), _launches.needs_bits(needs), queries]
     cpu_launch.launch_queries(k.knn_aggregate_backward, m, slots, before, [grads], device, None, scatter=True)
-    _declared.add_copies(r_slots, dr)
-    _declared.add_copies(f_slots, df)
+    _launches.add_copies(r_slots, dr)
+    _launches.add_copies(f_slots, df)
 
 
 def _knn_dims(query, ref, query_batch, ref_batch, k):
@@ -75,8 +75,8 @@ _KNN_AGGREGATE = dict(num_outputs=4, aux=("dist", "idx", "queries"), output_dims
 @functools.cache
 def declared(dtype: str, dim: int = 3) -> dict:
     """The kNN ops' launch functions and ``wb.op`` options for one float type and points of
-    ``dim`` coordinates, by name (see ``_declared.declared``)."""
-    T, Points, Rows, Index, Neighbours, Batch = _declared.types_of(dtype, dim)
+    ``dim`` coordinates, by name (see ``_launches.declared``)."""
+    T, Points, Rows, Index, Neighbours, Batch = _launches.types_of(dtype, dim)
     Counts = Batch
 
     def kernels(device: Any) -> Any:
@@ -95,7 +95,7 @@ def declared(dtype: str, dim: int = 3) -> dict:
         adj_dist: Rows, adj_query: Points, adj_ref: Points, *, needs_input_grad,
     ):  # fmt: skip
         k_, rows = kernels(query.device), [query, ref, idx, adj_dist]
-        _declared.distance_backward(k_, k_.knn_backward, rows, queries, adj_query, adj_ref, needs_input_grad)
+        _launches.distance_backward(k_, k_.knn_backward, rows, queries, adj_query, adj_ref, needs_input_grad)
 
     def knn_aggregate(
         query: Points, ref: Points, features: Rows, query_batch: Batch, ref_batch: Batch, k: int, sigma: T,

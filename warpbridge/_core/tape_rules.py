@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import warp as wp
 
 from . import adjoint_check as _adjoint
-from . import fill_probe
+from . import off_tape_fills
 from .errors import WarpBridgeError, fail
 from .plan import host_bytes
 from .warp_runtime import KeepingTape, RecordedLaunch, TapeContents, recorded_kernels
@@ -67,7 +67,7 @@ def check_recorded(op: Any, tape: KeepingTape, args: Sequence[Any], contents: Ta
             found += tuple(h for h in _adjoint.kernel_hazards(k) if not op.trusts(h.kernel))
     if found:
         raise WarpBridgeError(_adjoint.refusal(op.name, found))
-    places = fill_probe.places(launches)
+    places = off_tape_fills.places(launches)
     inner, plain = _untaped_inner(launches, places, kernels, outside)
     return Untaped(_untaped_outputs(outputs, written), inner, plain, _numbers(launches, places))
 

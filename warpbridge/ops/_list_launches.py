@@ -1,4 +1,4 @@
-"""The neighbour-list ops, declared with ``wb.op`` like the aggregations (see ``_declared``).
+"""The neighbour-list ops, declared with ``wb.op`` like the aggregations (see ``_launches``).
 
 A radius list takes two ops, because its length is known only once the neighbours are
 counted: ``radius_count`` (each query's neighbour count, the row offsets of the capped lists,
@@ -17,7 +17,7 @@ from typing import Any
 import warp as wp
 
 from . import _cpu_launch as cpu_launch
-from . import _declared, _declared_knn, _tree
+from . import _knn_launches, _launches, _tree
 
 # The cap on a row when there is none: more than any row can hold.
 NO_CAP = (1 << 31) - 1
@@ -39,8 +39,8 @@ def _count(k, query, ref, batch, radius, cap, skip_self, count, ptr, order, quer
     m, device = query.shape[0], query.device
     tree = _tree.searched_tree(k, query, ref, queries, order=order, batch=batch)
     before = [query, tree, radius, skip_self, queries]
-    _declared.launch(k.radius_count, m, before, [count, listed], device)
-    _declared.launch(k.list_offsets, 1, [count, cap], [ptr], device)
+    _launches.launch(k.radius_count, m, before, [count, listed], device)
+    _launches.launch(k.list_offsets, 1, [count, cap], [ptr], device)
 
 
 def edge_rows(edges: wp.array) -> list:
@@ -66,10 +66,10 @@ def _fill(k, query, ref, batch, ptr, order, queries, listed, radius, skip_self, 
     sources, targets = edge_rows(edges)
     rows_d, rows_j = (_rows_from_each(a, cap) for a in (distance, sources))
     none = cpu_launch.nothing((0, 0), distance.dtype, query.device)
-    filled = _declared.struct(
+    filled = _launches.struct(
         k.Edges, sources=sources, targets=targets, distance=distance, rows_d=rows_d, rows_j=rows_j, none=none
     )
-    _declared.launch(k.radius_fill, query.shape[0], before, [filled], query.device)
+    _launches.launch(k.radius_fill, query.shape[0], before, [filled], query.device)
 
 
 def _rows_from_each(a: wp.array, cap: int) -> wp.array:
@@ -85,7 +85,7 @@ def _knn_graph_search(k, x, batch, kk, skip_self, idx, ptr):
     (at most kk, see ``knn_edge_counts``) into ``ptr``."""
     m, device = x.shape[0], x.device
     dist = wp.empty(idx.shape, dtype=k.T, device=device)
-    _declared_knn.knn_forward(k, x, x, idx.shape[1], dist, idx, wp.empty(m, dtype=wp.int32, device=device), batch)
+    _knn_launches.knn_forward(k, x, x, idx.shape[1], dist, idx, wp.empty(m, dtype=wp.int32, device=device), batch)
     graph_offsets(k, idx, kk, skip_self, ptr)
 
 
@@ -95,8 +95,8 @@ def graph_offsets(k, idx, kk, skip_self, ptr):
     type (these read indices only)."""
     m, device = idx.shape[0], idx.device
     counts = wp.empty(m, dtype=wp.int64, device=device)
-    _declared.launch(k.knn_edge_counts, m, [idx, kk, skip_self], [counts], device)
-    _declared.launch(k.list_offsets, 1, [counts, kk], [ptr], device)
+    _launches.launch(k.knn_edge_counts, m, [idx, kk, skip_self], [counts], device)
+    _launches.launch(k.list_offsets, 1, [counts, kk], [ptr], device)
 
 
 def graph_width(n: int, k: int, skip_self: int) -> int:
@@ -108,7 +108,7 @@ def graph_width(n: int, k: int, skip_self: int) -> int:
 @functools.cache
 def declared(dtype: str, dim: int = 3) -> dict:
     """The list ops' launch functions and ``wb.op`` options for one float type ("float32" or
-    "float64") and points of ``dim`` coordinates, by name (see ``_declared.declared``)."""
+    "float64") and points of ``dim`` coordinates, by name (see ``_launches.declared``)."""
     T = wp.float32 if dtype == "float32" else wp.float64
     Points, Counts, Edges = (
         wp.array(dtype=wp.types.vector(dim, T)),
@@ -125,7 +125,7 @@ def declared(dtype: str, dim: int = 3) -> dict:
         query: Points, ref: Points, query_batch: Batch, ref_batch: Batch, radius: T, cap: int, skip_self: int,
         count: Counts, ptr: Counts, order: Index, queries: Index, listed: Listed,
     ):  # fmt: skip
-        k, batch = kernels(query.device), _declared.forest_of("radius", query_batch, ref_batch)
+        k, batch = kernels(query.device), _launches.forest_of("radius", query_batch, ref_batch)
         _count(k, query, ref, batch, radius, cap, skip_self, count, ptr, order, queries, listed)
 
     def radius_list(
@@ -133,7 +133,7 @@ def declared(dtype: str, dim: int = 3) -> dict:
         queries: Index, listed: Listed, radius: T, skip_self: int, cap: int, n_pairs: int,
         distance: wp.array(dtype=T), edges: Edges,
     ):  # fmt: skip
-        k, batch = kernels(query.device), _declared.forest_of("radius", query_batch, ref_batch)
+        k, batch = kernels(query.device), _launches.forest_of("radius", query_batch, ref_batch)
         _fill(k, query, ref, batch, ptr, order, queries, listed, radius, skip_self, cap, edges, distance)
 
     def radius_list_backward(
@@ -144,14 +144,14 @@ def declared(dtype: str, dim: int = 3) -> dict:
     ):  # fmt: skip
         k = kernels(query.device)
         rows = [query, ref, edge_rows(edges)[0], ptr, adj_distance]
-        _declared.distance_backward(k, k.list_backward, rows, queries, adj_query, adj_ref, needs_input_grad)
+        _launches.distance_backward(k, k.list_backward, rows, queries, adj_query, adj_ref, needs_input_grad)
 
     def knn_graph_search(x: Points, batch: Batch, k: int, skip_self: int, idx: Nearest, ptr: Counts):
-        forest = _declared.forest_of("knn_graph", batch, batch, ("batch", "batch"))
+        forest = _launches.forest_of("knn_graph", batch, batch, ("batch", "batch"))
         _knn_graph_search(kernels(x.device), x, forest, k, skip_self, idx, ptr)
 
     def knn_graph_fill(idx: Nearest, ptr: Counts, skip_self: int, n_edges: int, edges: Edges):
-        _declared.launch(
+        _launches.launch(
             kernels(idx.device).knn_edges, idx.shape[0], [idx, ptr, skip_self], edge_rows(edges), idx.device
         )
 

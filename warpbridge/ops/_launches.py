@@ -290,7 +290,7 @@ _RADIUS = dict(num_outputs=9, aux=("stats", "neighbours", *_tree.TREE, "queries"
 def declared(dtype: str, dim: int = 3) -> dict:
     """The radius op's launch functions and ``wb.op`` options (``fn``, ``backward``, ...) for
     one float type ("float32" or "float64") and points of ``dim`` coordinates, by name;
-    ``_search.declare_both`` makes the ops (the kNN ops: ``_declared_knn``)."""
+    ``_op_table.declare_both`` makes the ops (the kNN ops: ``_knn_launches``)."""
     return _radius_ops(dtype, dim)
 
 

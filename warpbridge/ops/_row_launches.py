@@ -3,7 +3,7 @@ vectors), declared with ``wb.op`` under the names the kd-tree ops have, over pla
 rows: an exact blocked brute force per cloud (``kdtree.brute``).
 
 No ``from __future__ import annotations`` here: the launch functions' Warp annotations are
-read as Warp types (as in ``_declared``).
+read as Warp types (as in ``_launches``).
 """
 
 import functools
@@ -11,9 +11,9 @@ import functools
 import numpy as np
 import warp as wp
 
-from . import _batches, _declared, _tree, kdtree
+from . import _batches, _launches, _tree, kdtree
 from . import _cpu_launch as cpu_launch
-from ._declared_lists import edge_rows, graph_offsets, graph_width
+from ._list_launches import edge_rows, graph_offsets, graph_width
 
 BLOCK = kdtree.brute.QUERIES_PER_BLOCK
 
@@ -43,7 +43,7 @@ def _clouds(op: str, query: wp.array, ref: wp.array, query_batch: wp.array, ref_
 def _transposed(k, ref: wp.array) -> wp.array:
     """The references' coordinates as rows, (D, N + padding): a block reads whole vectors."""
     rt = wp.zeros((ref.shape[1], ref.shape[0] + kdtree.brute.REF_PADDING), dtype=k.T, device=ref.device)
-    _declared.launch(k.rows_transpose, ref.shape[0], [ref], [rt], ref.device)
+    _launches.launch(k.rows_transpose, ref.shape[0], [ref], [rt], ref.device)
     return rt
 
 
@@ -57,9 +57,9 @@ def radius_count_rows(op, query, ref, query_batch, ref_batch, radius, cap, skip_
     k, device = kdtree.row_kernels(query.dtype), query.device
     ref_ptr, blocks = _clouds(op, query, ref, query_batch, ref_batch)
     before = [_whole(query), _transposed(k, ref), ref_ptr, blocks]
-    _declared.launch(k.rows_radius_count, blocks.shape[0], before, [radius, skip_self, count], device)
+    _launches.launch(k.rows_radius_count, blocks.shape[0], before, [radius, skip_self, count], device)
     offsets = _tree.kernels_for("float32" if k.T is wp.float32 else "float64", device).list_offsets  # reads counts only
-    _declared.launch(offsets, 1, [count, cap], [ptr], device)
+    _launches.launch(offsets, 1, [count, cap], [ptr], device)
 
 
 def radius_fill_rows(op, query, ref, query_batch, ref_batch, radius, cap, skip_self, ptr, distance, edges):
@@ -70,7 +70,7 @@ def radius_fill_rows(op, query, ref, query_batch, ref_batch, radius, cap, skip_s
     before = [_whole(query), _transposed(k, ref), ref_ptr, blocks]
     limits = wp.vec2i(min(cap, (1 << 31) - 1), skip_self)
     outputs = [radius, limits, ptr, distance, *edge_rows(edges)]
-    _declared.launch(k.rows_radius_fill, blocks.shape[0], before, outputs, device)
+    _launches.launch(k.rows_radius_fill, blocks.shape[0], before, outputs, device)
 
 
 def knn_rows(op, query, ref, query_batch, ref_batch, dist, idx, count):
@@ -80,7 +80,7 @@ def knn_rows(op, query, ref, query_batch, ref_batch, dist, idx, count):
     ref_ptr, blocks = _clouds(op, query, ref, query_batch, ref_batch)
     rt = _transposed(k, ref)
     rows = [_whole(a) for a in (query, dist, idx)]
-    _declared.launch(k.rows_knn, blocks.shape[0], [rows[0], rt, ref_ptr, blocks], [*rows[1:], with_count], device)
+    _launches.launch(k.rows_knn, blocks.shape[0], [rows[0], rt, ref_ptr, blocks], [*rows[1:], with_count], device)
     for out, row in zip((dist, idx), rows[1:]):
         if row.ptr != out.ptr:
             wp.copy(out, row)
@@ -102,7 +102,7 @@ def _aggregate(op, query, ref, features, query_batch, ref_batch, sigma, inverse_
     """The kNN search, then each query's weighted mean of its neighbours' features into ``out``."""
     knn_rows(op, query, ref, query_batch, ref_batch, dist, idx, None)
     k = kdtree.row_kernels(dist.dtype)
-    _declared.launch(
+    _launches.launch(
         k.rows_aggregate, query.shape[0], [features, dist, idx, sigma, inverse_square], [out], query.device
     )
 

@@ -4,7 +4,7 @@ first point (zeros), the caller reads the number of samples, ``fps_sample`` samp
 cloud in one launch from the start fractions it is given (``kdtree.sampling``).
 
 No ``from __future__ import annotations``: the launch functions' annotations are read as
-Warp types (as in ``_declared``)."""
+Warp types (as in ``_launches``)."""
 
 import functools
 from typing import Any
@@ -40,7 +40,7 @@ def _plan(x: wp.array, batch: wp.array, ratio: float, num: int, cloud_ptr: wp.ar
 @functools.cache
 def declared(dtype: str, dim: int = 3) -> dict:
     """The sampling ops' launch functions and ``wb.op`` options for one float type and points
-    of ``dim`` coordinates, by name (see ``_declared.declared``)."""
+    of ``dim`` coordinates, by name (see ``_launches.declared``)."""
     T = wp.float32 if dtype == "float32" else wp.float64
     Points, Offsets = wp.array(dtype=wp.types.vector(dim, T)), wp.array(dtype=wp.int64)
 
