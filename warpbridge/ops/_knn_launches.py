@@ -19,7 +19,7 @@ from ._launches import forest_of
 def knn_forward(k, query, ref, kk, dist, idx, queries, batch=None, count=None, aggregation=None):
     """The kNN search (with ``batch``, as ``_tree.searched_tree`` takes it, per cloud), each
     row's number found into ``count`` (where given), and with ``aggregation`` (``features``,
-    ``out``, ``sigma``, ``inverse_square``, see ``kdtree.Aggregation``) its aggregation."""
+    ``out``, ``sigma``, ``inverse_square``, see the Aggregation struct of ``kdtree.dtypes``) its aggregation."""
     device = query.device
     if aggregation is None:
         weights = _plain_search(k, device.alias)

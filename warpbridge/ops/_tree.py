@@ -222,7 +222,7 @@ def build_tree(
 
 def build_forest(k: Any, points: wp.array, tree: tuple, forest: Forest) -> None:
     """Build ``forest`` over ``points`` into ``tree`` (as ``build_tree``'s): one thread per
-    cloud builds its whole tree (``kdtree.build.subtree``), in its own row of records on the
+    cloud builds its whole tree (``kdtree.build.tree_subtrees``), in its own row of records on the
     CPU, as ``build_tree``'s subtrees."""
     order, sorted_points, lo, hi, min_index = tree
     n, device, count = points.shape[0], points.device, forest.clouds.shape[0]

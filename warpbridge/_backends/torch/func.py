@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..._core.errors import fail
-from . import backend as _core
+from . import backend as eager
 from . import registered_op
 from .backend import save_for_backward
 
@@ -233,14 +233,14 @@ class OpRule(Rule):
         if torch.compiler.is_compiling():  # traced: the registered op, which has a fake kernel
             out = registered_op.call(self.op, self._args(tensors), self.ld, self.od)
             return out if isinstance(out, tuple) else (out,)
-        c, ts = _core.prepare_cached(self.op, self._args(tensors), self.ld, self.od)
-        return tuple(_core.forward(c, ts))
+        c, ts = eager.prepare_cached(self.op, self._args(tensors), self.ld, self.od)
+        return tuple(eager.forward(c, ts))
 
     def backward(self, needs: tuple, tensors: Sequence, outputs: Sequence, grads: Sequence) -> tuple:
-        c, ts = _core.prepare_cached(self.op, self._args(tensors), self.ld, self.od)
+        c, ts = eager.prepare_cached(self.op, self._args(tensors), self.ld, self.od)
         it = iter(grads)
         full = [next(it) if f else None for f in self.float_outputs]
-        got = _core.backward(c, ts, full, needs, outputs=outputs if self.save_outputs else None)
+        got = eager.backward(c, ts, full, needs, outputs=outputs if self.save_outputs else None)
         return tuple(g if g is not None else torch.zeros_like(t) for g, t, n in zip(got, ts, needs) if n)
 
     def eager(self, tensors: Sequence[torch.Tensor]) -> tuple:

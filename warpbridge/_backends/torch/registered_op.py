@@ -2,7 +2,7 @@
 
 Each op gets a forward op and a ``<name>_backward`` op, a fake (meta) implementation for
 both, and ``register_autograd`` wiring. Their real implementations call the same
-``_core.forward`` / ``_core.backward`` as the eager path. Schema (inputs in order, then the
+``eager.forward`` / ``eager.backward`` as the eager path. Schema (inputs in order, then the
 optional per-call dims)::
 
     warpbridge::<name>(Tensor x, Scalar s, SymInt[]? launch_dims=None, SymInt[]? dims_<out>=None, ...)
@@ -20,7 +20,7 @@ from ..._core import validate as _validate
 from ..._core.errors import fail
 from ..._core.op import WarpOp
 from ..._core.signature import STRUCT
-from . import backend as _core
+from . import backend as eager
 
 _LIB = torch.library.Library("warpbridge", "FRAGMENT")  # keep alive: it owns the registrations
 _REGISTERED: dict[str, tuple[Any, Any]] = {}  # name -> (the op it was registered for, the torch op)
@@ -85,15 +85,15 @@ class _Registered:
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         inputs, ld, od = self.split(args, kwargs)
-        c, tensors = _core.prepare(self.op, inputs, ld, od)
-        outs = _core.forward(c, tensors)
+        c, tensors = eager.prepare(self.op, inputs, ld, od)
+        outs = eager.forward(c, tensors)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def forward_fake(self, *args: Any, **kwargs: Any) -> Any:
         inputs, ld, od = self.split(args, kwargs)
         shapes, device = self._fake_shapes(inputs, ld, od)
         outs = [
-            torch.empty(s + p.inner_shape, dtype=_core.TORCH_DTYPES[p.dtype_name], device=device)
+            torch.empty(s + p.inner_shape, dtype=eager.TORCH_DTYPES[p.dtype_name], device=device)
             for p, s in zip(self.op.sig.outputs, shapes)
         ]
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -104,7 +104,7 @@ class _Registered:
         first, device, shapes = None, torch.device("cpu"), []
         for p in op.sig.array_inputs:
             a = inputs[p.position]
-            name = _core.DTYPE_NAMES.get(a.dtype, str(a.dtype))
+            name = eager.DTYPE_NAMES.get(a.dtype, str(a.dtype))
             _validate.check_array(op.name, p, _validate.ArrayArg(0, name, tuple(a.shape), (0,) * a.dim()))
             shapes.append(tuple(a.shape[: p.ndim]))
             if first is None:
@@ -118,8 +118,8 @@ class _Registered:
             args, outputs = args[: self.n_bwd], args[self.n_bwd]
         grads, needs = args[-2], args[-1]
         inputs, ld, od = self.split(args[:-2], {})
-        c, tensors = _core.prepare(self.op, inputs, ld, od)
-        in_grads = _core.backward(c, tensors, grads, needs, outputs=outputs or None)
+        c, tensors = eager.prepare(self.op, inputs, ld, od)
+        in_grads = eager.backward(c, tensors, grads, needs, outputs=outputs or None)
         return [g for g, n in zip(in_grads, needs) if n]
 
     def backward_fake(self, *args: Any, outputs: Any = None) -> list[torch.Tensor]:
@@ -177,12 +177,12 @@ def _register(op: WarpOp, name: str) -> Any:
         outs = output if isinstance(output, tuple) else (output,)
         ctx.n_outputs = len(outs) if op.saves_outputs else 0
         arrays = [inputs[p.position] for p in sig.array_inputs]
-        _core.save_for_backward(ctx, op.float_outputs, arrays, outs, op.saves_outputs)
+        eager.save_for_backward(ctx, op.float_outputs, arrays, outs, op.saves_outputs)
         ctx.rest = [None if p.is_array else inputs[p.position] for p in sig.inputs] + list(inputs[n_in:])
         ctx.out_meta = [(o.shape, o.dtype) for o in outs]
 
     def backward(ctx: Any, *grads: Any) -> tuple:
-        _core.refuse_second_order(op)
+        eager.refuse_second_order(op)
         needs = [bool(ctx.needs_input_grad[p.position]) and p.differentiable for p in sig.array_inputs]
         result: list[Any] = [None] * n_args
         if not any(needs):
