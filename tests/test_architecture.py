@@ -5,7 +5,9 @@
 - no import cycle among the package's modules;
 - Warp's internals (``wp._src``) only in ``_core/warp_runtime.py``;
 - functions stay short; the neighbour-op kernels take few parameters, in files of a few
-  hundred lines.
+  hundred lines;
+- no process-wide hooks and no class swaps (an object's ``__class__`` assigned, another
+  module's attributes set) outside the few places that need one, each named below with why.
 """
 
 import ast
@@ -243,6 +245,54 @@ def test_the_neighbour_op_files_are_small():
     assert not big, f"files in ops/ over {MAX_OPS_FILE_LINES} lines: {big}"
 
 
+# Calls that change the whole process: tracing and profiling, signal handlers, exit and fork
+# handlers, audit hooks, warning filters.
+PROCESS_HOOKS = {
+    "sys.setprofile", "sys.settrace", "threading.setprofile", "threading.settrace", "signal.signal",
+    "atexit.register", "os.register_at_fork", "sys.addaudithook", "warnings.filterwarnings",
+    "warnings.simplefilter", "faulthandler.enable",
+}  # fmt: skip
+# What may do one of them, and why.
+ALLOWED_HOOKS = {
+    # JAX dispatches asynchronously: a computation still running a warpbridge op when the
+    # interpreter exits would hang it (tests/test_exit.py); waited for at exit.
+    ("_backends/jax.py", "atexit.register"),
+    # While one of warpbridge's own tapes records, Warp's runtime gets a per-thread ``tape``
+    # property (its class swapped for a subclass, swapped back after): the only way to keep
+    # Warp's one process-wide tape from recording other threads' launches.
+    ("_core/warp_runtime.py", "__class__"),
+    # Warp's greeting silenced around warpbridge's own wp.init(), and restored.
+    ("_core/warp_runtime.py", "wp.config"),
+    # The command-line tool owns its process.
+    ("_cli/main.py", "wp.config"),
+}
+_IMPORTED_MODULES = ("wp", "warp", "torch", "jax", "paddle", "np", "numpy", "sys", "os", "threading", "builtins")
+
+
+def _hooks(tree: ast.AST) -> set[str]:
+    """The process hooks a module calls, the ``__class__`` it assigns and the attributes of
+    imported modules it sets (as ``wp.config``)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in PROCESS_HOOKS:
+            found.add(ast.unparse(node.func))
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign) else []
+        )
+        for t in targets:
+            if isinstance(t, ast.Attribute) and t.attr == "__class__":
+                found.add("__class__")
+            elif isinstance(t, ast.Attribute) and ast.unparse(t).split(".")[0] in _IMPORTED_MODULES:
+                found.add(ast.unparse(t.value))
+    return found
+
+
+def test_no_process_hooks_or_class_swaps_but_the_named_ones():
+    seen = {(_name(p), hook) for p in _files() for hook in _hooks(ast.parse(p.read_text()))}
+    assert seen - ALLOWED_HOOKS == set(), f"process hooks or class swaps not allowed: {sorted(seen - ALLOWED_HOOKS)}"
+    assert ALLOWED_HOOKS - seen == set(), f"allowed but gone (drop them from the list): {sorted(ALLOWED_HOOKS - seen)}"
+
+
 def test_the_rules_catch_a_violation(tmp_path):
     """The checks above can fail: imports of a framework, framework names, a cycle."""
     tree = ast.parse("import torch\nx = 'jax'\n")
@@ -252,3 +302,5 @@ def test_the_rules_catch_a_violation(tmp_path):
     assert "torch" in {m.split(".")[0] for m in ast.dump(ast.parse(bad.read_text())).split("'") if m}
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
     assert not _cycles({"a": {"b"}, "b": set()})
+    hooks = "import sys, atexit\nsys.setprofile(f)\natexit.register(g)\nx.__class__ = Y\ntorch.Tensor.add = h\n"
+    assert _hooks(ast.parse(hooks)) == {"sys.setprofile", "atexit.register", "__class__", "torch.Tensor"}
