@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._core import op as _op
 from .._core.errors import describe, fail
@@ -40,6 +40,35 @@ def check_clouds(op: str, adapter: Any, arrays: dict[str, Any], features: str = 
     (the array named ``features``, one row per point of the second cloud), one float dtype,
     one device; the dtype. ``arrays``: the query points, the reference points (or one
     cloud), then any features, by the caller's names."""
+    return _cloud_metas(op, adapter, arrays, features)[0][0]
+
+
+class Checked(NamedTuple):
+    """A call of a row or aggregation op, checked (``checked``)."""
+
+    adapter: Any
+    dtype: str  #: the clouds' float type
+    dim: int  #: coordinates per point
+    batch: list  #: the batch vectors, or [] for one cloud
+    numbers: list  #: the op's numeric arguments, checked
+
+
+def checked(op: str, arrays: dict[str, Any], clouds: dict[str, Any], numbers: dict[str, Any]) -> Checked:
+    """Every check of a call of ``op`` on the clouds ``arrays`` (the query points, the
+    reference points, then any features, by the caller's names), their batch vectors
+    ``clouds`` (query side, then reference side; see ``batches``) and its numeric arguments
+    ``numbers`` (``k``, ``radius``, ``sigma``, in the op's order; checked in the float type
+    the op computes in)."""
+    features = list(arrays)[2] if len(arrays) == 3 else ""
+    a = adapter_of(op, arrays, clouds, features)
+    (dtype, (m, dim), _), *_ = _cloud_metas(op, a, arrays, features)
+    batch = batches(op, a, dict(list(arrays.items())[:2]), clouds)
+    checked_numbers = [k_of(op, v, m) if name == "k" else positive(op, name, v, dtype) for name, v in numbers.items()]
+    return Checked(a, dtype, dim, batch, checked_numbers)
+
+
+def _cloud_metas(op: str, adapter: Any, arrays: dict[str, Any], features: str) -> list:
+    """``check_clouds``' checks; each array's (dtype, shape, device), in order."""
     metas = {name: adapter.info(a) for name, a in arrays.items()}
     most = MAX_ROWS_DIM if op in ROWS_OPS else MAX_DIM
     for name, (dtype, shape, _) in metas.items():
@@ -69,7 +98,7 @@ def check_clouds(op: str, adapter: Any, arrays: dict[str, Any], features: str = 
                 f"'{features}' must have one row per reference point: '{ref}' has {metas[ref][1][0]} points, "
                 f"'{features}' has shape {metas[features][1]}",
             )
-    return qd
+    return list(metas.values())
 
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")

@@ -26,7 +26,6 @@ from .._core.errors import WarpBridgeError
 from . import _cpu_pool as cpu_pool
 from . import _cpu_team
 
-_num_threads: int | None = None
 _CPUS = os.cpu_count() or 1
 # Below this many queries a second thread costs more than it saves: a kNN search over 10^4
 # points took 224 -> 112 us for 256 queries on two threads, and the same 89 us for 128.
@@ -62,26 +61,27 @@ def _threads_from_environment() -> int:
 
 
 _DEFAULT_THREADS = _threads_from_environment()
+num_threads = _DEFAULT_THREADS  # set_num_threads' setting, or the default
 
 
 def set_num_threads(n: int | None) -> None:
     """CPU threads used by the neighbour ops' launches (default: ``WARPBRIDGE_NUM_THREADS`` as
     it was when warpbridge was imported, else ``os.cpu_count()``; None restores it)."""
-    global _num_threads
+    global num_threads
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise WarpBridgeError(f"set_num_threads(): n must be a positive int or None, got {n!r}")
-    _num_threads = n
+    num_threads = _DEFAULT_THREADS if n is None else n
 
 
 def get_num_threads() -> int:
-    return _DEFAULT_THREADS if _num_threads is None else _num_threads
+    return num_threads
 
 
 def threads(device: Any, m: int) -> int:
     """How many CPU threads a launch over ``m`` queries that is not a scatter uses."""
     if not device.is_cpu:
         return 1
-    return max(1, min(get_num_threads(), m // MIN_QUERIES_PER_THREAD))
+    return max(1, min(num_threads, m // MIN_QUERIES_PER_THREAD))
 
 
 def slots(device: Any, m: int) -> int:
@@ -89,7 +89,7 @@ def slots(device: Any, m: int) -> int:
     ``m`` queries uses."""
     if not device.is_cpu:
         return 1
-    return max(1, min(get_num_threads(), m // MIN_QUERIES_PER_SLOT))
+    return max(1, min(num_threads, m // MIN_QUERIES_PER_SLOT))
 
 
 def launch_queries(
@@ -292,6 +292,11 @@ def _team(device: Any) -> Any:
 # page faults on fresh memory): a tiny kNN call measured 137 -> 97 us.
 KEEP_BYTES = 8 << 20
 _KEPT = threading.local()
+
+
+def kept_each(kinds: tuple, shapes: list, dtypes: tuple, device: Any) -> tuple:
+    """``kept`` for several kinds at once."""
+    return tuple(kept(kind, shape, dtype, device) for kind, shape, dtype in zip(kinds, shapes, dtypes))
 
 
 def kept(kind: str, shape: tuple, dtype: Any, device: Any) -> wp.array:

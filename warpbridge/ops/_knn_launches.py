@@ -21,12 +21,12 @@ def knn_forward(k, query, ref, kk, dist, idx, queries, batch=None, count=None, a
     row's number found into ``count`` (where given), and with ``aggregation`` (``features``,
     ``out``, ``sigma``, ``inverse_square``, see the Aggregation struct of ``kdtree.dtypes``) its aggregation."""
     device = query.device
+    count = cpu_launch.nothing((0,), wp.int64, device) if count is None else count
     if aggregation is None:
         weights = _plain_search(k, device.alias)
     else:
         nothing = cpu_launch.nothing((0, 0), k.T, device)
         weights = _launches.struct(k.Aggregation, **(dict(features=nothing, out=nothing, sigma=1.0) | aggregation))
-    count = cpu_launch.nothing((0,), wp.int64, device) if count is None else count
     before = [query, _tree.searched_tree(k, query, ref, queries, batch=batch), kk, queries]
     _launches.launch(k.knn_search, query.shape[0], before, [dist, idx, count, weights], device)
 
@@ -79,8 +79,7 @@ def declared(dtype: str, dim: int = 3) -> dict:
     T, Points, Rows, Index, Neighbours, Batch = _launches.types_of(dtype, dim)
     Counts = Batch
 
-    def kernels(device: Any) -> Any:
-        return _tree.kernels_for(dtype, device, dim)
+    kernels = functools.partial(_tree.kernels_for, dtype, dim=dim)  # kernels(device)
 
     def knn(
         query: Points, ref: Points, query_batch: Batch, ref_batch: Batch, k: int, dist: Rows, idx: Neighbours,

@@ -272,9 +272,9 @@ def one_cloud(fn: Any, empty: Any) -> Any:
     places = [i for i, p in enumerate(params) if p.name in BATCH_NAMES]
 
     def one_cloud(*args: Any, **kwargs: Any) -> Any:
-        args_ = list(args)
+        args_, nothing = list(args), empty(args[0])
         for i in places:
-            args_.insert(i, empty(args[0]))
+            args_.insert(i, nothing)
         return fn(*args_, **kwargs)
 
     one_cloud.__signature__ = signature.replace(parameters=[p for p in params if p.name not in BATCH_NAMES])
@@ -312,8 +312,7 @@ def _radius_ops(dtype: str, dim: int) -> dict:
     T, Points, Rows, Index, _, Batch = types_of(dtype, dim)
     Listed = wp.array2d(dtype=wp.int32)
 
-    def kernels(device: Any) -> Any:
-        return _tree.kernels_for(dtype, device, dim)
+    kernels = functools.partial(_tree.kernels_for, dtype, dim=dim)  # kernels(device)
 
     def radius_aggregate(
         query: Points, ref: Points, features: Rows, query_batch: Batch, ref_batch: Batch, radius: T, sigma: T,

@@ -12,7 +12,6 @@ built per float type and must be objects, not strings.
 """
 
 import functools
-from typing import Any
 
 import warp as wp
 
@@ -118,8 +117,7 @@ def declared(dtype: str, dim: int = 3) -> dict:
     Index, Listed, Batch = wp.array(dtype=wp.int32), wp.array2d(dtype=wp.int32), wp.array(dtype=wp.int64)
     Nearest = wp.array2d(dtype=wp.int64)
 
-    def kernels(device: Any) -> Any:
-        return _tree.kernels_for(dtype, device, dim)
+    kernels = functools.partial(_tree.kernels_for, dtype, dim=dim)  # kernels(device)
 
     def radius_count(
         query: Points, ref: Points, query_batch: Batch, ref_batch: Batch, radius: T, cap: int, skip_self: int,

@@ -14,15 +14,16 @@ from .._core.errors import WarpBridgeError, fail
 from .._core.launch_function import reads_only_inputs
 from .._core.op import op as _declare
 from . import _knn_launches, _launches, _list_launches, _row_launches, _sampling_launches
-from ._checks import HALF, MAX_DIM, adapter_of, batches, check_clouds, k_of, positive
+from ._checks import HALF, MAX_DIM, checked
 
 
-def widen(op: str, adapter: Any, arrays: dict[str, Any], dtype: str) -> tuple[list, Any, str | None]:
+def widen(op: str, adapter: Any, arrays: dict[str, Any], dtype: str, dim: int = 0) -> tuple[list, Any, str | None]:
     """The arrays, the ops for their float type and, for float16 and bfloat16, the dtype to
     return in: those are computed in float32 (distances, weights and sums would lose too much
     in 8 or 11 bits), through float32 copies made by ordinary framework casts, so gradients
-    come back in the input dtype. The ops are those for the points' dimension."""
-    dim = adapter.info(next(iter(arrays.values())))[1][1]
+    come back in the input dtype. The ops are those for the points' dimension (``dim``; 0:
+    read from the first array)."""
+    dim = dim or adapter.info(next(iter(arrays.values())))[1][1]
     if dtype not in HALF:
         return list(arrays.values()), ops_for(dtype, dim), None
     try:
@@ -133,14 +134,8 @@ def run_declared(op: str, arrays: dict[str, Any], clouds: dict[str, Any], **numb
     ``radius``, ``sigma``, in the op's order; checked in the dtype the op computes in), and
     run the declared op ``op``. Its floating results are cast back to float16/bfloat16 where
     the clouds came in one of those."""
-    features = list(arrays)[2] if len(arrays) == 3 else ""
-    a = adapter_of(op, arrays, clouds, features)
-    dtype = check_clouds(op, a, arrays, features)
-    points = dict(list(arrays.items())[:2])
-    batch = batches(op, a, points, clouds)
-    m = a.info(next(iter(arrays.values())))[1][0]
-    extra = [k_of(op, value, m) if name == "k" else positive(op, name, value, dtype) for name, value in numbers.items()]
-    args, ops, half = widen(op, a, arrays, dtype)
+    a, dtype, dim, batch, extra = checked(op, arrays, clouds, numbers)
+    args, ops, half = widen(op, a, arrays, dtype, dim)
     result = declared_op(ops, op, batch)(*args, *batch, *extra)
     if half is None:
         return result

@@ -64,7 +64,7 @@ def tree(
     if into is None:
         dims = tree_dims(n) if forest is None else forest_dims(n, forest)
         types_ = (wp.int32, k.V, k.V, k.V, wp.int32)
-        into = tuple(cpu_launch.kept(name, dims[name], t, device) for name, t in zip(TREE, types_))
+        into = cpu_launch.kept_each(TREE, [dims[name] for name in TREE], types_, device)
         if order is not None:
             into = (order, *into[1:])
     if forest is None:
@@ -185,7 +185,7 @@ def build_tree(
     else:
         # enough subtrees for every thread (the top splits run one node per thread), each of
         # at most SUBTREE_MAX points (a segment of the launch is one subtree per thread)
-        top = max((cpu_launch.get_num_threads() - 1).bit_length(), (-(-n // SUBTREE_MAX) - 1).bit_length())
+        top = max((cpu_launch.num_threads - 1).bit_length(), (-(-n // SUBTREE_MAX) - 1).bit_length())
         top = min(depth, top) if n >= 4 * cpu_launch.MIN_QUERIES_PER_THREAD else 0
     # The copy takes ~2.5 ns a point; a second thread measured 27 -> 20 us at 10^4 points,
     # 0.23 -> 0.12 ms at 10^5. A tree of one subtree copies them in its own launch.
@@ -195,7 +195,8 @@ def build_tree(
         cpu_launch.launch_queries(
             k.tree_init, n, cpu_launch.threads(device, n // 32), [points], [sorted_points, order], device, stream
         )
-    slots = min(parts, _cpu(device))
+    cpus = _cpu(device)
+    slots = min(parts, cpus)
     # each subtree thread's row of records (see tree_subtrees): room for a subtree, at most ITEMS_ROOM
     room = 0 if by_sort or n == 0 else min(ITEMS_ROOM, -(-n // parts))
     items = (
@@ -210,7 +211,7 @@ def build_tree(
         for level in range(top):
             width = 1 << level
             cpu_launch.launch_queries(
-                k.tree_split, width, min(width, _cpu(device)), [*before, width], [], device, stream, scatter=True
+                k.tree_split, width, min(width, cpus), [*before, width], [], device, stream, scatter=True
             )
     boxes = [lo, hi, min_index]
     given = points if copy_in else cpu_launch.nothing((0,), points.dtype, device)
@@ -311,7 +312,7 @@ def _split_by_sort(k: Any, pts: wp.array, order: wp.array, levels: int, device: 
 
 
 def _cpu(device: Any) -> int:
-    return cpu_launch.get_num_threads() if device.is_cpu else 1
+    return cpu_launch.num_threads if device.is_cpu else 1
 
 
 _LOADED: set = set()
