@@ -30,9 +30,11 @@ def tree_build(request, monkeypatch):
     (a quickselect per node), queries taken in their given order, as for fewer than
     ``QUERY_ORDER_MIN`` of them. "sort": CUDA's build (every level split by two radix sorts,
     ``_tree._split_by_sort``) and the queries taken in Morton order (``_tree.query_order``),
-    as for many queries. So CUDA's build and the query order are checked on every commit
-    without a GPU and at test sizes. Asserts the forced paths ran."""
-    from warpbridge.ops import _tree
+    as for many queries, and every kNN search through a tree (a small cloud's otherwise
+    compares each query with every point, ``_knn_launches.small``). So CUDA's build and the
+    query order are checked on every commit without a GPU and at test sizes. Asserts the
+    forced paths ran."""
+    from warpbridge.ops import _knn_launches, _tree
 
     built, ordered = [], []
     if request.param == "sort":
@@ -49,6 +51,7 @@ def tree_build(request, monkeypatch):
         monkeypatch.setattr(_tree, "build_tree", by_sort)
         monkeypatch.setattr(_tree, "query_order", in_morton_order)
         monkeypatch.setattr(_tree, "QUERY_ORDER_MIN", 0)
+        monkeypatch.setattr(_knn_launches, "SMALL_PAIRS", 0)
     yield request.param
     assert request.param == "quickselect" or built, "the sort build did not run"
     assert request.param == "quickselect" or ordered, "the queries were not put in Morton order"

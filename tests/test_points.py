@@ -1027,3 +1027,47 @@ def test_the_neighbour_ops_write_no_input_and_copy_none_on_a_new_shape(monkeypat
 
     passed_on(torch.ones(5))
     assert len(copied) == 1
+
+
+def _small_cases():
+    """Clouds a kNN call searches without a tree (``_knn_launches.small``): ties on a lattice,
+    duplicates, points that are not finite, coordinates whose squares overflow or underflow,
+    2-D and 16-D, k above and at the cloud's size."""
+    g = torch.Generator().manual_seed(21)
+    lattice = torch.stack(torch.meshgrid(*[torch.arange(5.0)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    odd = torch.randn(60, 3, generator=g, dtype=torch.float64)
+    odd[3], odd[7, 1], odd[9] = math.nan, math.inf, odd[2]  # NaN, inf, a duplicate
+    return {
+        "lattice, k 7": (lattice, lattice, 7),
+        "not finite and duplicated, k 60": (odd, odd, 60),
+        "k past the cloud": (odd[:10], odd, 80),
+        "huge": (odd[:20] * 1e200, odd * 1e200, 5),
+        "tiny": (odd[:20] * 1e-200, odd * 1e-200, 5),
+        "float32, 2-D": (torch.rand(90, 2, generator=g), torch.rand(120, 2, generator=g), 9),
+        "16-D": (
+            torch.randn(30, 16, generator=g, dtype=torch.float64),
+            torch.randn(200, 16, generator=g, dtype=torch.float64),
+            4,
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(_small_cases()))
+def test_a_small_cloud_searched_without_a_tree_gets_the_trees_result(case, monkeypatch):
+    """A small cloud's kNN compares each query with every reference: the same distances,
+    indices, counts and gradients as the tree's search, bit for bit (so a cloud alone and
+    the same cloud in a batch, which always takes the tree, agree)."""
+    from warpbridge.ops import _knn_launches
+
+    q, r, k = _small_cases()[case]
+    assert _knn_launches.small(len(q), len(r))
+    results = []
+    for pairs in (_knn_launches.SMALL_PAIRS, 0):  # compared with every point, then through the tree
+        monkeypatch.setattr(_knn_launches, "SMALL_PAIRS", pairs)
+        qg, rg = q.clone().requires_grad_(), r.clone().requires_grad_()
+        dist, idx, count = wb.ops.knn(qg, rg, k)
+        grads = torch.autograd.grad(torch.where(idx >= 0, dist, 0.0).nan_to_num(posinf=0.0).sum(), (qg, rg))
+        results.append((dist, idx, count, *grads))
+    for ours, tree in zip(*results):
+        assert torch.equal(ours, tree)
+    assert (results[0][2] > 0).any()

@@ -12,7 +12,7 @@ from typing import Any
 import warp as wp
 
 from . import _cpu_launch as cpu_launch
-from . import _launches, _tree
+from . import _launches, _tree, kdtree
 from ._launches import forest_of
 
 
@@ -22,6 +22,10 @@ def knn_forward(k, query, ref, kk, dist, idx, queries, batch=None, count=None, a
     ``out``, ``sigma``, ``inverse_square``, see the Aggregation struct of ``kdtree.dtypes``) its aggregation."""
     device = query.device
     count = cpu_launch.nothing((0,), wp.int64, device) if count is None else count
+    if aggregation is None and batch is None and small(query.shape[0], ref.shape[0]):
+        cpu_launch.minus_ones(queries)  # each query in its place
+        _launches.launch(k.knn_small, query.shape[0], [query, ref], [dist, idx, count], device)
+        return
     if aggregation is None:
         weights = _plain_search(k, device.alias)
     else:
@@ -29,6 +33,17 @@ def knn_forward(k, query, ref, kk, dist, idx, queries, batch=None, count=None, a
         weights = _launches.struct(k.Aggregation, **(dict(features=nothing, out=nothing, sigma=1.0) | aggregation))
     before = [query, _tree.searched_tree(k, query, ref, queries, batch=batch), kk, queries]
     _launches.launch(k.knn_search, query.shape[0], before, [dist, idx, count, weights], device)
+
+
+# A search of one cloud compares each query with every reference (``kdtree.knn.knn_brute``,
+# the tree's results) while it makes at most this many comparisons and the cloud has at most
+# SMALL_REFS points: building and walking a tree costs more there.
+SMALL_PAIRS = 1 << 14
+SMALL_REFS = kdtree.knn.BRUTE_REFS
+
+
+def small(m: int, n: int) -> bool:
+    return n <= SMALL_REFS and m * n <= SMALL_PAIRS
 
 
 @functools.cache

@@ -37,7 +37,15 @@ FEATURES = 4
 # points (one thread); this takes 25.6 ms, and 2 000 queries on 10^4 duplicated points
 # 1.86 -> 1.51 ms. A C++ copy compiled on its own with Clang took 24.7 ms. (Before, the
 # leaf scan alone became native: 1.86 -> 1.69 ms for 2 000 queries on 10^4 points.)
-_KNN_SNIPPET = native("knn_query.h").replace("STACK", str(STACK)).replace("NORM_OF", NORM_OF)
+_INSERT = native("knn_insert.h")
+_KNN_SNIPPET = native("knn_query.h").replace("STACK", str(STACK)).replace("NORM_OF", NORM_OF).replace("KNN_INSERT", _INSERT)
+
+# knn_brute: knn_query's result for a cloud small enough to compare each query with every
+# reference (no tree to build or walk): the same distances, the same order.
+BRUTE_REFS = 256  # the most references a cloud searched by knn_brute has
+_BRUTE_SNIPPET = (
+    native("knn_brute.h").replace("NORM_OF", NORM_OF).replace("KNN_INSERT", _INSERT).replace("BRUTE_REFS", str(BRUTE_REFS))
+)
 
 
 @template.func_native(_KNN_SNIPPET)
@@ -53,6 +61,29 @@ def knn_query(
     limit: T,
     skip: wp.int64,
 ): ...
+
+
+@template.func_native(_BRUTE_SNIPPET)
+def knn_brute(
+    q: V, ref: wp.array(dtype=V), k: int, i: int, dist: wp.array2d(dtype=T), idx: wp.array2d(dtype=wp.int64)
+) -> int: ...
+
+
+@kernel
+def knn_small(
+    query: wp.array(dtype=V),
+    ref: wp.array(dtype=V),
+    stride: int,
+    offset: int,
+    dist: wp.array2d(dtype=T),
+    idx: wp.array2d(dtype=wp.int64),
+    count: wp.array(dtype=wp.int64),
+):
+    # knn_search over one small cloud, without a tree (knn_brute).
+    i = wp.tid() * stride + offset
+    found = knn_brute(query[i], ref, dist.shape[1], i, dist, idx)
+    if count.shape[0] > 0:
+        count[i] = wp.int64(found)
 
 
 @kernel

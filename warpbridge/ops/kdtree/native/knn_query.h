@@ -77,27 +77,12 @@ while (node > 0 || sp > 0) {
             const Real d = d2 < inf && d2 >= (Real)1e-30 ? wp::sqrt(d2) : norm_of(diff);
             const wp::int64 j = (wp::int64)O[t];
             if ((d < kd || (d == kd && j < kj)) && j != skip) {
-                int pos = c < k - 1 ? c : k - 1;
-                while (pos > 0) {
-                    const Real dp = D(pos - 1);
-                    const wp::int64 jp = J(pos - 1);
-                    if (!(d < dp || (d == dp && j < jp))) break;
-                    D(pos) = dp;
-                    J(pos) = jp;
-                    --pos;
-                }
-                D(pos) = d;
-                J(pos) = j;
+                KNN_INSERT
 #if !defined(__CUDA_ARCH__)
                 // knn_aggregate reads the neighbours' feature rows next (aggregate_row)
                 if (features.shape[0]) __builtin_prefetch((const char*)features.data + j * features.strides[0]);
 #endif
-                if (c < k) ++c;
-                if (c == k) {  // the bound of the k-th distance, as sq_bound
-                    kd = D(k - 1);
-                    kj = J(k - 1);
-                    b = kd * kd * (Real)1.0001 + (Real)1e-30;
-                }
+                if (c == k) b = kd * kd * (Real)1.0001 + (Real)1e-30;  // the bound of the k-th distance, as sq_bound
             }
         }
     }
