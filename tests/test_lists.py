@@ -4,6 +4,7 @@ data, rows nearest first, caps that keep the closest, self-loops as asked, dista
 gradients match autograd through a dense formula, and bad input refused before any launch."""
 
 import importlib.util
+import math
 import os
 
 import numpy as np
@@ -478,3 +479,52 @@ def test_edge_rows_keep_their_strides_past_32_bits():
         if name == "radius_fill":  # its edges in a struct of 1-D arrays
             args = {field: var.type for field, var in args["edges"].vars.items()}
         assert args["sources"].ndim == 1 and args.get("targets", args["sources"]).ndim == 1, name
+
+
+def _small_lists_cases():
+    """One small cloud (``_lists._small``): a lattice with distances exactly at the radius,
+    points that are not finite and duplicated, squares that overflow or underflow, float32
+    in 2-D, 16-D."""
+    g = torch.Generator().manual_seed(22)
+    lattice = torch.stack(torch.meshgrid(*[torch.arange(5.0, dtype=torch.float64)] * 3, indexing="ij"), -1).reshape(
+        -1, 3
+    )
+    odd = torch.randn(60, 3, generator=g, dtype=torch.float64)
+    odd[3], odd[7, 1], odd[9] = math.nan, math.inf, odd[2]
+    return {
+        "lattice at the radius": (lattice, 1.0),
+        "not finite and duplicated": (odd, 1.2),
+        "huge": (odd * 1e200, 1.2e200),
+        "tiny": (odd * 1e-200, 1.2e-200),
+        "float32, 2-D": (torch.rand(100, 2, generator=g), 0.2),
+        "16-D": (torch.randn(40, 16, generator=g, dtype=torch.float64), 5.0),
+    }
+
+
+@pytest.mark.parametrize("case", list(_small_lists_cases()))
+def test_a_small_clouds_lists_in_one_op_are_the_trees(case, monkeypatch):
+    """A small cloud's radius lists come from one op that compares each query with every
+    point: the same rows, distances, counts and caps as through the tree, bit for bit, and
+    so do its radius graphs; the same gradients (a point's is summed in the queries' order,
+    which differs)."""
+    from warpbridge.ops import _knn_launches, _lists
+
+    x, r = _small_lists_cases()[case]
+    calls = []
+    real_small = _lists._small
+    monkeypatch.setattr(_lists, "_small", lambda *a: calls.append(real_small(*a)) or calls[-1])
+    results = []
+    for pairs in (_knn_launches.SMALL_PAIRS, 0):  # in one op, then through the tree
+        monkeypatch.setattr(_knn_launches, "SMALL_PAIRS", pairs)
+        xg = x.clone().requires_grad_()
+        nb = wb.ops.radius(xg, xg, r, loop=False)
+        capped = wb.ops.radius(xg, xg, r, max_neighbors=3)
+        grad = torch.autograd.grad(nb.distance.sum() + capped.distance.square().sum(), xg)[0]
+        graphs = [wb.ops.radius_graph(x, r, loop=loop, max_neighbors=cap) for loop, cap in ((False, None), (True, 2))]
+        results.append((*nb, *capped, *graphs, grad))
+    assert calls[:4] == [True] * 4 and calls[4:] == [False] * 4
+    for ours, tree in zip(results[0][:-1], results[1][:-1]):
+        assert ours.dtype == tree.dtype and torch.equal(ours, tree)
+    rtol = 1e-12 if x.dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(results[0][-1], results[1][-1], rtol=rtol, atol=rtol * results[1][-1].abs().max())
+    assert len(results[0][0]) > 0

@@ -107,6 +107,11 @@ class Backend:
         its seed functions set), on ``like``'s device; TypeError where it keeps none."""
         raise TypeError(f"{self.array_name} has no global random state to draw from")
 
+    def compiling(self) -> bool:
+        """Whether a compiler is tracing the call now (``torch.compile``): the ops then take the
+        path whose graph serves every size."""
+        return False
+
     def differentiated(self, a: Any) -> bool:
         """Whether a gradient may flow into ``a`` from what is computed now (True where the
         framework cannot tell)."""

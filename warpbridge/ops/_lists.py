@@ -10,7 +10,7 @@ import numbers
 from typing import Any, NamedTuple
 
 from .._core.errors import describe, fail
-from . import _list_launches
+from . import _knn_launches, _list_launches
 from ._checks import adapter_of, batches, check_clouds, k_of, positive
 from ._op_table import declared_op, size_on_host, widen
 
@@ -155,6 +155,7 @@ class _Counted(NamedTuple):
     order: Any
     queries: Any
     listed: Any
+    small: tuple | None = None  # (distance, edges) of a small cloud's lists, padded (see _small)
 
 
 def _count(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any, batch: dict) -> _Counted:
@@ -170,8 +171,24 @@ def _count(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any,
     skip_self = _skip_self(op, loop)
     args, ops, half = widen(op, a, arrays, dtype)
     args = args * 2 if len(args) == 1 else args
+    if not clouds and _small(a, args, ops):
+        count, ptr, distance, edges = ops.radius_small(*args, r, cap, skip_self)
+        return _Counted(
+            op, a, args, clouds, ops, half, r, cap, skip_self, count, ptr, None, None, None, (distance, edges)
+        )
     count, ptr, order, queries, listed = declared_op(ops, "radius_count", clouds)(*args, *clouds, r, cap, skip_self)
     return _Counted(op, a, args, clouds, ops, half, r, cap, skip_self, count, ptr, order, queries, listed)
+
+
+def _small(a: Any, args: list, ops: Any) -> bool:
+    """Whether one cloud's lists are made by comparing each query with every reference, in
+    one op and one launch (``kdtree.lists.small_lists``), on the CPU and outside a compiler:
+    padded to ``cap`` (or the cloud's size) per query, the pairs read on the host then cut
+    them."""
+    if a.compiling():  # one path for every size: a compiler would guard on the sizes, and compile both
+        return False
+    (m, _), (n, _), device = a.info(args[0])[1], a.info(args[1])[1], a.info(args[0])[2]
+    return device == "cpu" and hasattr(ops, "radius_small") and _knn_launches.small(m, n)
 
 
 def _pairs(op: str, adapter: Any, ptr: Any, instead: str = "") -> int:
@@ -185,6 +202,9 @@ def _pairs(op: str, adapter: Any, ptr: Any, instead: str = "") -> int:
 
 def _fill(c: _Counted, n_pairs: int) -> tuple:
     """(edges (2, E), distance) of the radius lists."""
+    if c.small is not None:
+        distance, edges = c.small[0][:n_pairs], c.small[1][:, :n_pairs]
+        return edges, (c.adapter.cast(distance, c.half) if c.half else distance)
     fill = declared_op(c.ops, "radius_list", c.clouds)
     distance, edges = fill(
         *c.args, *c.clouds, c.ptr, c.order, c.queries, c.listed, c.radius, c.skip_self, c.cap, n_pairs

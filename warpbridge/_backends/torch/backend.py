@@ -148,6 +148,10 @@ class _Torch(Backend):
         return torch.from_numpy(values).to(like.device)
 
     @staticmethod
+    def compiling() -> bool:
+        return torch.compiler.is_compiling()
+
+    @staticmethod
     def differentiated(a: torch.Tensor) -> bool:
         return torch.is_grad_enabled() and a.requires_grad
 

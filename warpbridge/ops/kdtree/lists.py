@@ -18,7 +18,7 @@ import warp as wp
 from . import template
 from .dtypes import Edges, Grads, T, Tree, V
 from .geometry import BALL_WALK, NORM_OF, RESUMED, cloud_of, query_at, resumed, sq_bound
-from .knn import QUERY, REF, knn_query
+from .knn import BRUTE_REFS, QUERY, REF, knn_query
 from .rows import pull_on_distance
 from .sort import sort_row
 from .template import func, kernel, native
@@ -47,6 +47,45 @@ def count_row(
     i: int,
     listed: wp.array2d(dtype=wp.int32),
 ) -> int: ...
+
+
+# small_lists: the radius lists of one cloud small enough to compare each query with every
+# reference (at most BRUTE_REFS of them; one thread, rows in turn), as radius_count and
+# radius_fill list it through the tree: the same neighbours, distances and order; a row of
+# more than `cap` (limits[0]) keeps its cap nearest; limits[1]: j == i left out.
+_SMALL_SNIPPET = native("lists_small.h").replace("NORM_OF", NORM_OF).replace("BRUTE_REFS", str(BRUTE_REFS))
+
+
+@template.func_native(_SMALL_SNIPPET)
+def small_lists(
+    query: wp.array(dtype=V),
+    ref: wp.array(dtype=V),
+    radius: T,
+    limits: wp.vec2i,
+    counts: wp.array(dtype=wp.int64),
+    ptr: wp.array(dtype=wp.int64),
+    distance: wp.array(dtype=T),
+    sources: wp.array(dtype=wp.int64),
+    targets: wp.array(dtype=wp.int64),
+): ...
+
+
+@kernel
+def radius_small(
+    query: wp.array(dtype=V),
+    ref: wp.array(dtype=V),
+    radius: T,
+    limits: wp.vec2i,
+    stride: int,
+    offset: int,
+    counts: wp.array(dtype=wp.int64),
+    ptr: wp.array(dtype=wp.int64),
+    distance: wp.array(dtype=T),
+    sources: wp.array(dtype=wp.int64),
+    targets: wp.array(dtype=wp.int64),
+):
+    # One thread (the rows' offsets are a running sum).
+    small_lists(query, ref, radius, limits, counts, ptr, distance, sources, targets)
 
 
 @kernel
