@@ -149,7 +149,7 @@ def test_a_packed_build_makes_the_same_tree(name, dtype, monkeypatch):
         # 0: every level in place; 50: in place down to the nodes of at most 50 points
         for room in (0, 50, _tree.ITEMS_ROOM):
             monkeypatch.setattr(_tree, "ITEMS_ROOM", room)
-            monkeypatch.setattr(cpu_launch, "_num_threads", threads)
+            monkeypatch.setattr(cpu_launch, "num_threads", threads)
             trees[threads, room] = [a.numpy().copy() for a in _tree.tree(k, points)]
     first = trees[1, 0]
     assert sorted(first[0].tolist()) == list(range(len(r)))

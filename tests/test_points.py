@@ -329,7 +329,7 @@ def test_radius_backward_paths_agree(path, nf, monkeypatch):
     )
     if path == "one pass, two threads":
         monkeypatch.setattr(cpu_launch, "MIN_QUERIES_PER_SLOT", 8)
-        monkeypatch.setattr(cpu_launch, "get_num_threads", lambda: 2)
+        monkeypatch.setattr(cpu_launch, "num_threads", 2)
     if path.startswith(("pair list", "two searches")):
         monkeypatch.setattr(_launches, "one_pass_fits", lambda *a: False)
     if path.startswith("two searches"):
