@@ -11,7 +11,8 @@ Rows:
   ``torch_cluster.knn_graph``, and loops of cKDTree and pykdtree;
 - PointNet++ feature propagation, 16 clouds of 256 -> 1 024 points, F = 128, k = 3:
   ``wb.ops.knn_interpolate`` against PyG's formula on dense torch (the 3 nearest by ``topk``);
-- a 100-point cloud's ``knn_graph``, k = 16: the fixed cost of a call.
+- a 100-point cloud's ``knn``, ``knn_graph`` (k = 16) and ``radius_graph``: the fixed cost of a
+  call.
 
 Each at one thread and at the default threads (``torch.set_num_threads`` and warpbridge's
 together); medians of per-call wall times after warm-up.
@@ -235,7 +236,11 @@ def cases(quick: bool) -> dict:
         "warpbridge": lambda: wb.ops.knn_interpolate(feats, coarse, fine, cb, fb, k=3),
         "dense torch": lambda: dense_interpolate(feats, coarse, fine, 16),
     }
-    small = scans(1, 100)[0]
+    return rows | tiny_rows(scans(1, 100)[0])
+
+
+def tiny_rows(small: torch.Tensor) -> dict:
+    """A 100-point cloud's knn, knn_graph and radius_graph: the fixed cost of a call."""
     tiny = {
         "warpbridge": lambda: wb.ops.knn_graph(small, 16),
         "dense torch": lambda: dense_knn_graph(small, 1, 16),
@@ -245,8 +250,24 @@ def cases(quick: bool) -> dict:
         tiny["Open3D"] = lambda: open3d_knn(small.numpy(), [0, 100], 17)
     if torch_cluster is not None:
         tiny["torch_cluster"] = lambda: torch_cluster.knn_graph(small, 16)
-    rows["100-point knn_graph, k 16"] = tiny
-    return rows
+    knn = {
+        "warpbridge": lambda: wb.ops.knn(small, small, 16),
+        "dense torch": lambda: torch.cdist(small, small).topk(16, largest=False),
+    }
+    if torch_cluster is not None:
+        knn["torch_cluster"] = lambda: torch_cluster.knn(small, small, 16)
+    r = float(wb.ops.knn(small, small, 17).dist[:, -1].median())  # about 16 neighbours a point
+    radius = {
+        "warpbridge": lambda: wb.ops.radius_graph(small, r),
+        "dense torch": lambda: (torch.cdist(small, small) <= r).fill_diagonal_(False).nonzero().T,
+    }
+    if torch_cluster is not None:
+        radius["torch_cluster"] = lambda: torch_cluster.radius_graph(small, r, max_num_neighbors=100)
+    return {
+        "100-point knn, k 16": knn,
+        "100-point knn_graph, k 16": tiny,
+        "100-point radius_graph, ~16 neighbours": radius,
+    }
 
 
 def main() -> None:
