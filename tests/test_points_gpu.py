@@ -209,3 +209,35 @@ def test_the_point_model_and_atomistic_ops_match_the_cpu():
     for a, c in zip(got[:3], want[:3]):
         assert torch.equal(a.cpu(), c)
     torch.testing.assert_close(got[3].detach().cpu(), want[3], rtol=1e-12, atol=1e-12)
+
+
+def test_feature_space_lists_aggregations_and_small_clouds_match_the_cpu():
+    """Paths added since the last GPU run, on CUDA against the CPU: feature-space radius lists
+    and graphs (capped, ragged, ties at the radius: the scalar CUDA block), knn_aggregate and
+    knn_interpolate on feature vectors, and a small cloud's kNN without a tree (knn_small)."""
+    sizes = torch.tensor([40, 3, 0, 97])
+    b = torch.repeat_interleave(torch.arange(4), sizes)
+    h = torch.randint(0, 2, (int(sizes.sum()), 64), generator=torch.Generator().manual_seed(2)).float()
+    for cap in (None, 10):
+        got = wb.ops.radius(h.cuda(), h.cuda(), 5.0, query_batch=b.cuda(), ref_batch=b.cuda(), max_neighbors=cap)
+        want = wb.ops.radius(h, h, 5.0, query_batch=b, ref_batch=b, max_neighbors=cap)
+        for a, c in zip(got, want):
+            assert torch.equal(a.cpu(), c)
+    assert torch.equal(wb.ops.radius_graph(h.cuda(), 5.0, batch=b.cuda()).cpu(), wb.ops.radius_graph(h, 5.0, batch=b))
+    f = torch.randn(len(h), 5, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(
+        wb.ops.knn_aggregate(h.cuda(), h.cuda(), f.cuda(), 6, 2.0).cpu(),
+        wb.ops.knn_aggregate(h, h, f, 6, 2.0),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    torch.testing.assert_close(
+        wb.ops.knn_interpolate(f.cuda(), h.cuda(), h.cuda(), k=3).cpu(),
+        wb.ops.knn_interpolate(f, h, h, k=3),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    g = torch.arange(4.0)
+    small = torch.stack(torch.meshgrid(g, g, g, indexing="ij"), -1).reshape(-1, 3)  # 64 points: no tree
+    for got, want in zip(wb.ops.knn(small.cuda(), small.cuda(), 7), wb.ops.knn(small, small, 7)):
+        assert torch.equal(got.cpu(), want)
