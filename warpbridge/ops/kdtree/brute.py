@@ -20,7 +20,7 @@ import warp as wp
 
 from . import template
 from .dtypes import T
-from .template import kernel, native
+from .template import func, kernel, native
 from .weights import aggregate_row, times_slope, weight
 
 QUERIES_PER_BLOCK = 8
@@ -165,6 +165,29 @@ def rows_transpose(ref: wp.array2d(dtype=T), stride: int, offset: int, rt: wp.ar
         rt[c, j] = ref[j, c]
 
 
+@func
+def pull_rows(
+    query: wp.array2d(dtype=T),
+    ref: wp.array2d(dtype=T),
+    i: int,
+    j: int,
+    d: T,
+    g: T,
+    needs: int,
+    adj_query: wp.array2d(dtype=T),
+    adj_ref: wp.array2d(dtype=T),
+):
+    # The gradient g of the distance d between query i and reference j into their rows (needs:
+    # 1 the query's, 2 the reference's): (q - r) / d * g, 0 where they coincide.
+    if d > T(0.0):
+        for c in range(query.shape[1]):
+            pull = (query[i, c] - ref[j, c]) / d * g
+            if (needs & 1) != 0:
+                adj_query[i, c] += pull
+            if (needs & 2) != 0:
+                adj_ref[j, c] -= pull
+
+
 @kernel
 def rows_knn_backward(
     query: wp.array2d(dtype=T),
@@ -184,15 +207,8 @@ def rows_knn_backward(
     i = wp.tid() * stride + offset
     for n in range(idx.shape[1]):
         j = int(idx[i, n])
-        d = dist[i, n]
-        if j >= 0 and d > T(0.0):
-            g = adj_dist[i, n]
-            for c in range(query.shape[1]):
-                pull = (query[i, c] - ref[j, c]) / d * g
-                if (needs & 1) != 0:
-                    adj_query[i, c] += pull
-                if (needs & 2) != 0:
-                    adj_ref[j, c] -= pull
+        if j >= 0:
+            pull_rows(query, ref, i, j, dist[i, n], adj_dist[i, n], needs, adj_query, adj_ref)
 
 
 @kernel
@@ -212,16 +228,7 @@ def rows_list_backward(
     # As rows_knn_backward, over the rows of a radius list.
     i = wp.tid() * stride + offset
     for p in range(int(ptr[i]), int(ptr[i + 1])):
-        j = int(index[p])
-        d = distance[p]
-        if d > T(0.0):
-            g = adj_distance[p]
-            for c in range(query.shape[1]):
-                pull = (query[i, c] - ref[j, c]) / d * g
-                if (needs & 1) != 0:
-                    adj_query[i, c] += pull
-                if (needs & 2) != 0:
-                    adj_ref[j, c] -= pull
+        pull_rows(query, ref, i, int(index[p]), distance[p], adj_distance[p], needs, adj_query, adj_ref)
 
 
 @kernel
