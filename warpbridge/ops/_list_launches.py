@@ -112,38 +112,40 @@ def declared(dtype: str, dim: int = 3) -> dict:
 
 
 def _small_lists(dtype: str, dim: int) -> dict:
-    """``radius_small``: the radius lists of one small cloud on the CPU, in one op (see
-    ``_lists._small``), padded to the cap (or the cloud's size) per query."""
+    """``radius_small``: the radius lists of one small cloud on the CPU in one op (see
+    ``_lists._small``), each row padded to the cap (or the cloud's size). The edges come flat,
+    sized for the most there can be: row 0 (the neighbours) in the first E entries, row 1 (the
+    centres) in the next E, so that the first 2 E, once E is read, are the (2, E) graph,
+    contiguous."""
     T = wp.float32 if dtype == "float32" else wp.float64
     Points, Counts, Index = wp.array(dtype=wp.types.vector(dim, T)), wp.array(dtype=wp.int64), wp.array(dtype=wp.int32)
-    Edges = wp.array2d(dtype=wp.int64)
     kernels = functools.partial(_tree.kernels_for, dtype, dim=dim)  # kernels(device)
 
     def radius_small(
         query: Points, ref: Points, radius: T, cap: int, skip_self: int,
-        count: Counts, ptr: Counts, queries: Index, distance: wp.array(dtype=T), edges: Edges,
+        count: Counts, ptr: Counts, queries: Index, distance: wp.array(dtype=T), edges: Counts,
     ):  # fmt: skip
         cpu_launch.minus_ones(queries)  # each query in its place, for the backward
-        limits, outputs = wp.vec2i(min(cap, NO_CAP), skip_self), [count, ptr, distance, *edge_rows(edges)]
+        limits, outputs = wp.vec2i(min(cap, NO_CAP), skip_self), [count, ptr, distance, edges]
         _launches.launch(kernels(query.device).radius_small, 1, [query, ref, radius, limits], outputs, query.device)
 
     def radius_small_backward(
         query: Points, ref: Points, radius: T, cap: int, skip_self: int,
-        count: Counts, ptr: Counts, queries: Index, distance: wp.array(dtype=T), edges: Edges,
+        count: Counts, ptr: Counts, queries: Index, distance: wp.array(dtype=T), edges: Counts,
         adj_distance: wp.array(dtype=T), adj_query: Points, adj_ref: Points, *, needs_input_grad,
     ):  # fmt: skip
         k = kernels(query.device)
-        rows = [query, ref, edge_rows(edges)[0], ptr, adj_distance]
+        rows = [query, ref, edges, ptr, adj_distance]  # the neighbours: the first E entries
         _launches.distance_backward(k, k.list_backward, rows, queries, adj_query, adj_ref, needs_input_grad)
 
     def small_dims(query, ref, radius, cap, skip_self):
         m, e = query[0], query[0] * min(ref[0], cap)
-        return {"count": (m,), "ptr": (m + 1,), "queries": (m,), "distance": (e,), "edges": (2, e)}
+        return {"count": (m,), "ptr": (m + 1,), "queries": (m,), "distance": (e,), "edges": (2 * e,)}
 
     return dict(
         radius_small=dict(
             fn=radius_small, num_outputs=5, aux=("queries",), output_dims=small_dims, backward=radius_small_backward
-        )
+        ),
     )
 
 

@@ -202,8 +202,8 @@ def _pairs(op: str, adapter: Any, ptr: Any, instead: str = "") -> int:
 
 def _fill(c: _Counted, n_pairs: int) -> tuple:
     """(edges (2, E), distance) of the radius lists."""
-    if c.small is not None:
-        distance, edges = c.small[0][:n_pairs], c.small[1][:, :n_pairs]
+    if c.small is not None:  # the flat edges' first 2 E entries are the (2, E) graph
+        distance, edges = c.small[0][:n_pairs], c.small[1][: 2 * n_pairs].reshape(2, n_pairs)
         return edges, (c.adapter.cast(distance, c.half) if c.half else distance)
     fill = declared_op(c.ops, "radius_list", c.clouds)
     distance, edges = fill(

@@ -52,7 +52,8 @@ def count_row(
 # small_lists: the radius lists of one cloud small enough to compare each query with every
 # reference (at most BRUTE_REFS of them; one thread, rows in turn), as radius_count and
 # radius_fill list it through the tree: the same neighbours, distances and order; a row of
-# more than `cap` (limits[0]) keeps its cap nearest; limits[1]: j == i left out.
+# more than `cap` (limits[0]) keeps its cap nearest; limits[1]: j == i left out. `edges`
+# flat: the E neighbours, then the E centres.
 _SMALL_SNIPPET = native("lists_small.h").replace("NORM_OF", NORM_OF).replace("BRUTE_REFS", str(BRUTE_REFS))
 
 
@@ -65,8 +66,7 @@ def small_lists(
     counts: wp.array(dtype=wp.int64),
     ptr: wp.array(dtype=wp.int64),
     distance: wp.array(dtype=T),
-    sources: wp.array(dtype=wp.int64),
-    targets: wp.array(dtype=wp.int64),
+    edges: wp.array(dtype=wp.int64),
 ): ...
 
 
@@ -81,11 +81,10 @@ def radius_small(
     counts: wp.array(dtype=wp.int64),
     ptr: wp.array(dtype=wp.int64),
     distance: wp.array(dtype=T),
-    sources: wp.array(dtype=wp.int64),
-    targets: wp.array(dtype=wp.int64),
+    edges: wp.array(dtype=wp.int64),
 ):
     # One thread (the rows' offsets are a running sum).
-    small_lists(query, ref, radius, limits, counts, ptr, distance, sources, targets)
+    small_lists(query, ref, radius, limits, counts, ptr, distance, edges)
 
 
 @kernel

@@ -2,6 +2,7 @@
 NORM_OF
 constexpr int MOST = BRUTE_REFS;  // the most references of a cloud listed this way
 const int m = query.shape[0], n = ref.shape[0], cap = limits[0], skip = limits[1];
+const wp::int64 half = edges.shape[0] / 2;
 const Real reach = radius * radius * (Real)1.0001 + (Real)1e-30;  // as sq_bound
 // within: as geometry's LEAF_STEPS (a square root only near the radius)
 const Real r2 = radius * radius;
@@ -31,9 +32,10 @@ for (int i = 0; i < m; ++i) {
     const int kept = c < cap ? c : cap;
     for (int t = 0; t < kept; ++t) {
         *wp::address(distance, p + t) = dd[t];
-        *wp::address(sources, p + t) = jj[t];
-        *wp::address(targets, p + t) = i;
+        *wp::address(edges, p + t) = jj[t];
+        *wp::address(edges, half + p + t) = i;  // the centres after the room for every neighbour
     }
     p += kept;
 }
 *wp::address(ptr, m) = p;
+for (wp::int64 t = 0; t < p; ++t) *wp::address(edges, p + t) = *wp::address(edges, half + t);  // then right after them (p <= half)
