@@ -171,7 +171,9 @@ NORM_OF = native("geometry_norm_of.h")
 # (Real, Vec, inf, square and norm_of as NORM_OF defines them, the query q, reach and
 # radius): next_leaf(node) is leaf_from's result, start_of(leaf) a leaf's first place and
 # start_of(leaf + 1) its end.
-LEAF_STEPS = native("geometry_leaf_steps.h")
+# within(diff): whether a difference is within the radius, the rule every radius pass shares
+WITHIN = native("geometry_within.h")
+LEAF_STEPS = native("geometry_leaf_steps.h").replace("WITHIN", WITHIN)
 
 # The radius searches' whole walk, ball_first/ball_next's step for step, for native code
 # (LEAF_STEPS' names, and i and skip_self): walk(leaf, t, e, visit) calls visit(t, leaf, e)

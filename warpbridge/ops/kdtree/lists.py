@@ -17,7 +17,7 @@ import warp as wp
 
 from . import template
 from .dtypes import Edges, Grads, T, Tree, V
-from .geometry import BALL_WALK, NORM_OF, RESUMED, cloud_of, query_at, resumed, sq_bound
+from .geometry import BALL_WALK, NORM_OF, RESUMED, WITHIN, cloud_of, query_at, resumed, sq_bound
 from .knn import BRUTE_REFS, QUERY, REF, knn_query
 from .rows import pull_on_distance
 from .sort import sort_row
@@ -54,7 +54,9 @@ def count_row(
 # radius_fill list it through the tree: the same neighbours, distances and order; a row of
 # more than `cap` (limits[0]) keeps its cap nearest; limits[1]: j == i left out. `edges`
 # flat: the E neighbours, then the E centres.
-_SMALL_SNIPPET = native("lists_small.h").replace("NORM_OF", NORM_OF).replace("BRUTE_REFS", str(BRUTE_REFS))
+_SMALL_SNIPPET = (
+    native("lists_small.h").replace("NORM_OF", NORM_OF).replace("WITHIN", WITHIN).replace("BRUTE_REFS", str(BRUTE_REFS))
+)
 
 
 @template.func_native(_SMALL_SNIPPET)

@@ -4,9 +4,7 @@ constexpr int MOST = BRUTE_REFS;  // the most references of a cloud listed this 
 const int m = query.shape[0], n = ref.shape[0], cap = limits[0], skip = limits[1];
 const wp::int64 half = edges.shape[0] / 2;
 const Real reach = radius * radius * (Real)1.0001 + (Real)1e-30;  // as sq_bound
-// within: as geometry's LEAF_STEPS (a square root only near the radius)
-const Real r2 = radius * radius;
-const Real inside = r2 >= (Real)1e-20 && r2 < inf ? r2 * (Real)0.9999 : (Real)-1;
+WITHIN
 auto point = [](const wp::array_t<Vec>& a, int t) -> Vec { return *(const Vec*)((const char*)a.data + (size_t)t * (size_t)a.strides[0]); };
 Real dd[MOST];
 wp::int64 jj[MOST];
@@ -20,9 +18,8 @@ for (int i = 0; i < m; ++i) {
     for (int t = 0; finite && t < n; ++t) {  // in index order
         if (skip && t == i) continue;
         const Vec diff = q - point(ref, t);
-        const Real d2 = square(diff);
-        if (!(d2 <= reach && (d2 <= inside || norm_of(diff) <= radius))) continue;
-        Real d = norm_of(diff);
+        if (!within(diff)) continue;
+        const Real d = norm_of(diff);
         int at = c++;
         for (; at > 0 && dd[at - 1] > d; --at) { dd[at] = dd[at - 1]; jj[at] = jj[at - 1]; }  // ties keep index order
         dd[at] = d;
