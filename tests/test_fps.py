@@ -172,3 +172,35 @@ def test_numpy_jax_and_paddle_give_torchs_samples():
     got = wb.ops.fps(paddle.to_tensor(pos.numpy()), 0.3, batch=paddle.to_tensor(batch.numpy()), random_start=False)
     assert np.array_equal(got.numpy(), want.numpy())
     assert wb.ops.fps(paddle.to_tensor(pos.numpy()), 0.3).shape == [math.ceil(len(pos) * 0.3)]
+
+
+def test_the_block_per_cloud_kernel_samples_what_the_thread_per_cloud_kernel_does():
+    """CUDA samples each cloud with a thread block (``fps_clouds_tiled``); on the CPU a block is
+    one thread, so there it runs the per-lane steps alone: the same samples as ``fps_clouds``
+    on ragged clouds with empty ones, duplicates, NaN points and a start past the last finite
+    point. (The reductions across lanes are checked on a GPU, in ``test_points_gpu.py``.)"""
+    import warp as wp
+
+    from warpbridge.ops import kdtree
+
+    sizes = np.array([0, 1, 5, 1024, 37, 0, 300])
+    pos = np.random.default_rng(0).random((sizes.sum(), 3))
+    pos[::13] = np.nan
+    pos[1040:1066] = np.nan  # the end of the 37-point cloud
+    pos[3:9] = pos[2]
+    samples = np.minimum(sizes, (sizes + 1) // 2)
+    for scalar in (wp.float32, wp.float64):
+        k = kdtree.kernels(scalar)
+        args = [
+            wp.array(pos, dtype=k.V),
+            wp.array(np.r_[0, np.cumsum(sizes)], dtype=wp.int64),
+            wp.array(np.r_[0, np.cumsum(samples)], dtype=wp.int64),
+            wp.array(np.r_[0.1, 0.5, 0.9, 0.3, 0.99, 0.0, 0.7], dtype=wp.float64),
+        ]
+        got, want = (wp.zeros(int(samples.sum()), dtype=wp.int64) for _ in range(2))
+        wp.launch(k.fps_clouds, len(sizes), [*args, 1, 0, wp.empty(len(pos), dtype=scalar), want])
+        wp.launch_tiled(
+            k.fps_clouds_tiled, dim=[len(sizes)], inputs=[*args, wp.empty(len(pos), dtype=scalar), got], block_dim=1
+        )
+        assert np.array_equal(got.numpy(), want.numpy())
+        assert len(set(want.numpy()[samples[:3].sum() : samples[:4].sum()])) == samples[3]  # no repeats

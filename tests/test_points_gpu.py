@@ -241,3 +241,31 @@ def test_feature_space_lists_aggregations_and_small_clouds_match_the_cpu():
     small = torch.stack(torch.meshgrid(g, g, g, indexing="ij"), -1).reshape(-1, 3)  # 64 points: no tree
     for got, want in zip(wb.ops.knn(small.cuda(), small.cuda(), 7), wb.ops.knn(small, small, 7)):
         assert torch.equal(got.cpu(), want)
+
+
+def test_a_thread_per_query_and_a_block_per_cloud_give_the_cpus_results():
+    """The CUDA layouts of the brute force (a thread per query, its accumulators in registers)
+    and of fps (a thread block per cloud, each step's farthest point by block reductions) against
+    the CPU: DGCNN-sized feature kNN in both float types, a radius graph over them, and fps on
+    ragged clouds longer and shorter than a block, with empty ones, duplicates and NaN points."""
+    b = torch.arange(8).repeat_interleave(1024)
+    for dtype in (torch.float32, torch.float64):
+        h = torch.randn(8 * 1024, 64, generator=torch.Generator().manual_seed(4), dtype=dtype)
+        (gd, gi, gc), (wd, wi, wc) = (
+            wb.ops.knn(h.cuda(), h.cuda(), 20, query_batch=b.cuda(), ref_batch=b.cuda()),
+            wb.ops.knn(h, h, 20, query_batch=b, ref_batch=b),
+        )
+        assert torch.equal(gi.cpu(), wi) and torch.equal(gc.cpu(), wc)
+        torch.testing.assert_close(gd.cpu(), wd, rtol=1e-6, atol=0)
+        r = float(wd[:, 5].median())
+        assert torch.equal(wb.ops.radius_graph(h.cuda(), r, batch=b.cuda()).cpu(), wb.ops.radius_graph(h, r, batch=b))
+    sizes = torch.tensor([0, 1, 300, 1024, 5, 0, 2000, 257])
+    pos = torch.rand(int(sizes.sum()), 3, generator=torch.Generator().manual_seed(6))
+    pos[::97] = float("nan")
+    pos[400:420] = pos[399]
+    pb = torch.repeat_interleave(torch.arange(len(sizes)), sizes)
+    for kw in (dict(ratio=0.5), dict(ratio=1.0), dict(num=64)):
+        assert torch.equal(
+            wb.ops.fps(pos.cuda(), batch=pb.cuda(), random_start=False, **kw).cpu(),
+            wb.ops.fps(pos, batch=pb, random_start=False, **kw),
+        )

@@ -20,7 +20,8 @@ BLOCK = kdtree.brute.QUERIES_PER_BLOCK
 
 def _clouds(op: str, query: wp.array, ref: wp.array, query_batch: wp.array, ref_batch: wp.array) -> tuple:
     """(each cloud's first reference, as offsets with an end; the query blocks (first query,
-    queries, cloud) as a vec3i array): blocks of BLOCK queries never span two clouds."""
+    queries, cloud) as a vec3i array): blocks of BLOCK queries on the CPU, one on CUDA (a
+    thread each), never spanning two clouds."""
     m, n, device = query.shape[0], ref.shape[0], query.device
     if query_batch.shape[0] + ref_batch.shape[0] == 0:
         q_cloud, ref_counts = np.zeros(m, dtype=np.int64), np.array([n], dtype=np.int64)
@@ -30,11 +31,11 @@ def _clouds(op: str, query: wp.array, ref: wp.array, query_batch: wp.array, ref_
         ref_counts = np.bincount(r_cloud, minlength=_batches.cloud_count(q_cloud, r_cloud))
     ref_ptr = np.concatenate([[0], np.cumsum(ref_counts)]).astype(np.int64)
     starts = np.flatnonzero(np.r_[True, q_cloud[1:] != q_cloud[:-1]]) if m else np.zeros(0, dtype=np.int64)
-    ends = np.r_[starts[1:], m]
-    firsts = [np.arange(s, e, BLOCK) for s, e in zip(starts, ends)]
+    ends, size = np.r_[starts[1:], m], 1 if device.is_cuda else BLOCK
+    firsts = [np.arange(s, e, size) for s, e in zip(starts, ends)]
     first = np.concatenate(firsts) if firsts else np.zeros(0, dtype=np.int64)
     end_of = np.concatenate([np.full(len(f), e) for f, e in zip(firsts, ends)]) if firsts else first
-    blocks = np.stack([first, np.minimum(end_of - first, BLOCK), q_cloud[first]], 1).astype(np.int32)
+    blocks = np.stack([first, np.minimum(end_of - first, size), q_cloud[first]], 1).astype(np.int32)
     return wp.array(ref_ptr, dtype=wp.int64, device=device), wp.array(
         blocks.reshape(-1, 3), dtype=wp.vec3i, device=device
     )

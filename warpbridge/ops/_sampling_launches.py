@@ -15,6 +15,8 @@ import warp as wp
 from . import _batches, _tree
 from . import _cpu_launch as cpu_launch
 
+FPS_LANES = 256  # threads per cloud on CUDA
+
 
 def sample_counts(points: np.ndarray, ratio: float, num: int, dtype: Any) -> np.ndarray:
     """Each cloud's samples: ``min(num, n)`` with ``num`` > 0, else ``ceil(n * ratio)`` with
@@ -57,8 +59,13 @@ def declared(dtype: str, dim: int = 3) -> dict:
     ):  # fmt: skip
         k, clouds, device = _tree.kernels_for(dtype, x.device, dim), cloud_ptr.shape[0] - 1, x.device
         reach = wp.empty(x.shape[0], dtype=T, device=device)
-        threads = min(cpu_launch.get_num_threads(), clouds) if device.is_cpu else 1
         before = [x, cloud_ptr, sample_ptr, start_at]
+        if device.is_cuda:  # a thread block per cloud
+            wp.launch_tiled(
+                k.fps_clouds_tiled, dim=[clouds], inputs=[*before, reach, samples], block_dim=FPS_LANES, device=device
+            )
+            return
+        threads = min(cpu_launch.get_num_threads(), clouds)
         # one cloud per share (interleaved, as a scatter splits): a chunk of clouds would go to one thread
         cpu_launch.launch_queries(k.fps_clouds, clouds, threads, before, [reach, samples], device, None, True)
 

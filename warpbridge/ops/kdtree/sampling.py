@@ -10,25 +10,46 @@ from .template import func, kernel
 
 
 @func
+def lowered_reach(points: wp.array(dtype=V), j: int, p: V, reach: wp.array(dtype=T)) -> T:
+    # Point j's squared distance to the chosen set (`reach`), lowered by its distance to the
+    # point `p` chosen last; -1 stays -1 (a point that is not finite, never chosen).
+    d2 = reach[j]
+    if d2 >= T(0.0):
+        diff = points[j] - p
+        d2 = wp.min(d2, wp.dot(diff, diff))
+        reach[j] = d2
+    return d2
+
+
+@func
 def farthest_step(
     points: wp.array(dtype=V), first: int, n: int, last: int, reach: wp.array(dtype=T), fallback: int
 ) -> int:
-    # Lowers each point's squared distance to the chosen set (`reach`) by its distance to the
-    # point chosen last, and returns the place of the largest (the first of equal ones, as
-    # torch's argmax); a point that is not finite keeps -1 and is never chosen, `fallback` is
-    # returned when no finite point is left.
+    # Lowers each point's reach by the point chosen last and returns the place of the largest
+    # (the first of equal ones, as torch's argmax); `fallback` when no finite point is left.
     p = points[last]
     best, chosen = T(-1.0), fallback
     for j in range(first, first + n):
-        d2 = reach[j]
-        if d2 >= T(0.0):
-            diff = points[j] - p
-            d2 = wp.min(d2, wp.dot(diff, diff))
-            reach[j] = d2
-            if d2 > best:
-                best = d2
-                chosen = j
+        d2 = lowered_reach(points, j, p, reach)
+        if d2 > best:
+            best = d2
+            chosen = j
     return chosen
+
+
+@func
+def start_point(points: wp.array(dtype=V), first: int, n: int, fraction: wp.float64) -> int:
+    # The point at `fraction` of the cloud, or the first finite point after it, else the first
+    # finite one; that place itself in a cloud without one.
+    s = first + wp.min(int(fraction * wp.float64(n)), n - 1)
+    start, found = s, int(0)
+    for j in range(s, first + n):
+        if found == 0 and wp.isfinite(points[j]):
+            start, found = j, 1
+    for j in range(first, s):
+        if found == 0 and wp.isfinite(points[j]):
+            start, found = j, 1
+    return start
 
 
 @kernel
@@ -43,29 +64,59 @@ def fps_clouds(
     samples: wp.array(dtype=wp.int64),
 ):
     # Cloud c (points cloud_ptr[c] .. cloud_ptr[c + 1]) sampled into samples[sample_ptr[c] ..
-    # sample_ptr[c + 1]]: from the point at fraction start_at[c] of it, or the first finite
-    # point after it, else the first finite one (a cloud without one repeats that start).
+    # sample_ptr[c + 1]] from its start point (a cloud without a finite point repeats it).
     # `reach` is scratch, one per point.
     c = wp.tid() * stride + offset
     first, o = int(cloud_ptr[c]), int(sample_ptr[c])
     n, m = int(cloud_ptr[c + 1]) - first, int(sample_ptr[c + 1]) - o
     if m == 0:
         return
-    s = wp.min(int(start_at[c] * wp.float64(n)), n - 1)
+    start = start_point(points, first, n, start_at[c])
     for j in range(first, first + n):
-        finite = wp.isfinite(points[j])
-        reach[j] = wp.where(finite, T(wp.inf), T(-1.0))
-    start = first + s
-    for j in range(first, first + n):
-        if reach[start] < T(0.0) and reach[j] >= T(0.0) and j >= first + s:
-            start = j
-    if reach[start] < T(0.0):  # none at or after s: the first finite one, else s itself
-        for j in range(first + n - 1, first - 1, -1):
-            if reach[j] >= T(0.0):
-                start = j
+        reach[j] = wp.where(wp.isfinite(points[j]), T(wp.inf), T(-1.0))
     samples[o] = wp.int64(start)
     reach[start] = T(0.0)
     last = start
     for t in range(1, m):
         last = farthest_step(points, first, n, last, reach, last)
         samples[o + t] = wp.int64(last)
+
+
+@kernel
+def fps_clouds_tiled(
+    points: wp.array(dtype=V),
+    cloud_ptr: wp.array(dtype=wp.int64),
+    sample_ptr: wp.array(dtype=wp.int64),
+    start_at: wp.array(dtype=wp.float64),
+    reach: wp.array(dtype=T),
+    samples: wp.array(dtype=wp.int64),
+):
+    # fps_clouds with a thread block per cloud (CUDA): lane l keeps the points first + l,
+    # first + l + lanes, ...; each step's farthest point is the largest of the lanes' (the
+    # first of equal ones), found by two block reductions.
+    c, lane = wp.tid()
+    lanes = wp.block_dim()
+    first, o = int(cloud_ptr[c]), int(sample_ptr[c])
+    n, m = int(cloud_ptr[c + 1]) - first, int(sample_ptr[c + 1]) - o
+    start = first
+    if m > 0:
+        start = start_point(points, first, n, start_at[c])
+    for j in range(first + lane, first + n, lanes):
+        reach[j] = wp.where(j == start, T(0.0), wp.where(wp.isfinite(points[j]), T(wp.inf), T(-1.0)))
+    if lane == 0 and m > 0:
+        samples[o] = wp.int64(start)
+    last = start
+    for t in range(1, m):
+        p = points[last]
+        best, chosen = T(-1.0), first + n
+        for j in range(first + lane, first + n, lanes):
+            d2 = lowered_reach(points, j, p, reach)
+            if d2 > best:
+                best = d2
+                chosen = j
+        top = wp.tile_max(wp.tile(best))[0]
+        pick = wp.tile_min(wp.tile(wp.where(best == top, chosen, first + n)))[0]
+        if pick < first + n:
+            last = pick
+        if lane == 0:
+            samples[o + t] = wp.int64(last)

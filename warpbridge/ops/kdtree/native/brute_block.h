@@ -7,22 +7,24 @@ const int j0 = (int)*wp::address(ref_ptr, cloud), j1 = (int)*wp::address(ref_ptr
 Real bound[8];  // a query's candidates: the references closer than its bound (BOUND_CMP)
 BLOCK_START
 #if defined(__CUDA_ARCH__)
-constexpr int W = 32;
-for (int jb = j0; jb < j1; jb += W) {
-    const int nb = (j1 - jb) < W ? (j1 - jb) : W;
-    Real acc[8][W];
-    for (int a = 0; a < 8; ++a) for (int c = 0; c < W; ++c) acc[a][c] = (Real)0;
-    for (int c = 0; c < D; ++c) {
-        const Real* rc = (const Real*)((const char*)rt.data + (size_t)c * rt.strides[0]) + jb;
-        for (int a = 0; a < qb; ++a) {
-            const Real qa = *wp::address(query, i0 + a, c);
-            for (int t = 0; t < W; ++t) { const Real d = qa - rc[t]; acc[a][t] += d * d; }
+constexpr int W = 32;  // a thread's block is one query (see _row_launches): W accumulators in registers
+for (int a = 0; a < qb; ++a) {
+    const Real* qrow = (const Real*)((const char*)query.data + (size_t)(i0 + a) * query.strides[0]);
+    for (int jb = j0; jb < j1; jb += W) {
+        const int nb = (j1 - jb) < W ? (j1 - jb) : W;
+        Real acc[W];
+        #pragma unroll
+        for (int t = 0; t < W; ++t) acc[t] = (Real)0;
+        for (int c = 0; c < D; ++c) {
+            const Real* rc = (const Real*)((const char*)rt.data + (size_t)c * rt.strides[0]) + jb;
+            const Real qc = qrow[c];
+            #pragma unroll
+            for (int t = 0; t < W; ++t) { const Real d = qc - rc[t]; acc[t] += d * d; }
         }
-    }
-    for (int a = 0; a < qb; ++a) {
-        for (int t = 0; t < nb; ++t) {
-            const Real d = acc[a][t];
-            if (!(d BOUND_CMP bound[a])) continue;  // NaN and inf too
+        #pragma unroll
+        for (int t = 0; t < W; ++t) {
+            const Real d = acc[t];
+            if (t >= nb || !(d BOUND_CMP bound[a])) continue;  // NaN and inf too
             const int j = jb + t;
             BLOCK_VISIT
         }
