@@ -8,17 +8,33 @@ WITHIN
 auto point = [](const wp::array_t<Vec>& a, int t) -> Vec { return *(const Vec*)((const char*)a.data + (size_t)t * (size_t)a.strides[0]); };
 Real dd[MOST];
 wp::int64 jj[MOST];
+Real cols[NDIM][MOST], d2s[MOST];  // the references a row per axis, so that each query's squares vectorise
+int near[MOST];
+for (int t = 0; t < n; ++t) {
+    const Vec r = point(ref, t);
+    for (int a = 0; a < NDIM; ++a) cols[a][t] = r[a];
+}
 wp::int64 p = 0;
 for (int i = 0; i < m; ++i) {
     *wp::address(ptr, i) = p;
     const Vec q = point(query, i);
-    int c = 0;
     bool finite = true;
     for (int a = 0; a < NDIM; ++a) finite = finite && wp::abs(q[a]) < inf;
-    for (int t = 0; finite && t < n; ++t) {  // in index order
-        if (skip && t == i) continue;
+    for (int t = 0; t < n; ++t) {  // a first cut, `within` decides
+        Real s = (q[0] - cols[0][t]) * (q[0] - cols[0][t]);
+        for (int a = 1; a < NDIM; ++a) s += (q[a] - cols[a][t]) * (q[a] - cols[a][t]);
+        d2s[t] = s;
+    }
+    int candidates = 0;
+    for (int t = 0; finite && t < n; ++t) {  // in index order, without a branch
+        near[candidates] = t;
+        candidates += d2s[t] <= reach;
+    }
+    int c = 0;
+    for (int u = 0; u < candidates; ++u) {
+        const int t = near[u];
         const Vec diff = q - point(ref, t);
-        if (!within(diff)) continue;
+        if ((skip && t == i) || !within(diff)) continue;
         const Real d = norm_of(diff);
         int at = c++;
         for (; at > 0 && dd[at - 1] > d; --at) { dd[at] = dd[at - 1]; jj[at] = jj[at - 1]; }  // ties keep index order
