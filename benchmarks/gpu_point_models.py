@@ -5,6 +5,8 @@ K 32) and ``neighbor_list`` on 10^4 atoms whose arrays are on the GPU (the searc
 host). Medians of 15 synchronised calls, float32 (float64 atoms).
 
 Usage: python benchmarks/gpu_point_models.py -> table + benchmarks/results/gpu_point_models-<machine>.json
+       python benchmarks/gpu_point_models.py --profile -> where each warpbridge row's time goes
+       (torch.profiler: CUDA kernels and host calls, five calls each), no JSON
 """
 
 from __future__ import annotations
@@ -59,7 +61,30 @@ def rows() -> dict:
     return out
 
 
+def profile() -> None:
+    """Each warpbridge row, warmed, then five calls under torch.profiler: the kernels by GPU
+    time, the host calls by CPU time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiled
+
+    for name, peers in rows().items():
+        fn = peers["warpbridge"]
+        fn()
+        torch.cuda.synchronize()
+        with profiled(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+        events = prof.key_averages()
+        print(f"== {name}, 5 calls", flush=True)
+        print(events.table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60), flush=True)
+        print(events.table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60), flush=True)
+
+
 def main() -> None:
+    if "--profile" in sys.argv:
+        profile()
+        return
     t0, results = time.perf_counter(), []
     for name, peers in rows().items():
         times = {who: median_cuda_ms(fn) for who, fn in peers.items()}

@@ -29,7 +29,7 @@ def tree_build(request, monkeypatch):
     """The two ways the ops search, on this machine. "quickselect": the CPU's kd-tree build
     (a quickselect per node), queries taken in their given order, as for fewer than
     ``QUERY_ORDER_MIN`` of them. "sort": CUDA's build (every level split by two radix sorts,
-    ``_tree._split_by_sort``) and the queries taken in Morton order (``_tree.query_order``),
+    ``_tree._split_by_sort``, forests by ``_tree._split_forest_by_sort``) and the queries taken in Morton order (``_tree.query_order``),
     as for many queries, and every kNN search through a tree (a small cloud's otherwise
     compares each query with every point, ``_knn_launches.small``). So CUDA's build and the
     query order are checked on every commit without a GPU and at test sizes. Asserts the
@@ -38,17 +38,22 @@ def tree_build(request, monkeypatch):
 
     built, ordered = [], []
     if request.param == "sort":
-        real_build, real_order = _tree.build_tree, _tree.query_order
+        real_build, real_forest, real_order = _tree.build_tree, _tree.build_forest, _tree.query_order
 
         def by_sort(*args, **kwargs):
             built.append(args[1].shape[0])
             return real_build(*args, **{**kwargs, "by_sort": True})
+
+        def forest_by_sort(*args, **kwargs):
+            built.append(args[1].shape[0])
+            return real_forest(*args, **{**kwargs, "by_sort": True})
 
         def in_morton_order(*args, **kwargs):
             ordered.append(args[1].shape[0])
             return real_order(*args, **kwargs)
 
         monkeypatch.setattr(_tree, "build_tree", by_sort)
+        monkeypatch.setattr(_tree, "build_forest", forest_by_sort)
         monkeypatch.setattr(_tree, "query_order", in_morton_order)
         monkeypatch.setattr(_tree, "QUERY_ORDER_MIN", 0)
         monkeypatch.setattr(_knn_launches, "SMALL_PAIRS", 0)

@@ -291,6 +291,40 @@ def test_a_forest_is_each_cloud_s_own_tree_and_comes_back_from_its_order():
         np.testing.assert_array_equal(min_index[nodes], alone[4][1:] + first)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_forest_split_by_sorting_is_each_cloud_s_sorted_tree(dtype):
+    """CUDA builds a forest by sorting all points at each level, every tree's nodes of that
+    level numbered across the forest (``_tree._split_forest_by_sort``); run here on the CPU,
+    cloud c's tree is exactly the tree CUDA's sort build makes over cloud c alone (empty,
+    one-point and leaf-sized clouds, duplicates and a NaN point among them)."""
+    import warp as wp
+
+    from warpbridge.ops import _batches, _tree
+
+    sizes = [0, *REF_SIZES, 1, 22, 23, 0]
+    r = torch.from_numpy(D.make("lidar sweep 150 m, 10% duplicates", sum(sizes), seed=5)[0])
+    r[17, 2] = float("nan")
+    cpu = wp.get_device("cpu")
+    k = _tree.kernels_for(dtype, cpu)
+    points = wp.from_torch(r.to(getattr(torch, dtype)), dtype=k.V)
+    forest = _tree.Forest(*_batches.clouds(_batch(sizes).numpy(), len(sizes), cpu))
+    built = [wp.empty_like(a) for a in _tree.tree(k, points, forest=forest)]
+    _tree.build_forest(k, points, tuple(built), forest, by_sort=True)
+    order, pts, lo, hi, min_index = (a.numpy() for a in built)
+    for first, n, base, depth in forest.clouds.numpy():
+        if n == 0:
+            continue
+        alone = tuple(wp.empty_like(a) for a in _tree.tree(k, wp.array(points.numpy()[first : first + n], dtype=k.V)))
+        _tree.build_tree(k, wp.array(points.numpy()[first : first + n], dtype=k.V), alone, cpu, None, by_sort=True)
+        alone = [a.numpy() for a in alone]
+        nodes = slice(base + 1, base + (2 << depth))
+        np.testing.assert_array_equal(order[first : first + n], alone[0] + first)
+        np.testing.assert_array_equal(pts[first : first + n], alone[1])
+        np.testing.assert_array_equal(lo[nodes], alone[2][1:])
+        np.testing.assert_array_equal(hi[nodes], alone[3][1:])
+        np.testing.assert_array_equal(min_index[nodes], alone[4][1:] + first)
+
+
 @pytest.mark.compile
 def test_batched_ops_compile_into_one_graph_with_their_gradients():
     query, ref, features = (t.float() for t in _clouds_of(torch.float64))

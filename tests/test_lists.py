@@ -528,3 +528,20 @@ def test_a_small_clouds_lists_in_one_op_are_the_trees(case, monkeypatch):
     rtol = 1e-12 if x.dtype == torch.float64 else 1e-5
     torch.testing.assert_close(results[0][-1], results[1][-1], rtol=rtol, atol=rtol * results[1][-1].abs().max())
     assert len(results[0][0]) > 0
+
+
+@pytest.mark.parametrize("cap", [1, 3, 2**31 - 1])
+def test_row_offsets_by_scan_are_the_one_thread_sums(cap):
+    """CUDA takes the rows' offsets from Warp's parallel scan of the capped counts; run here on
+    the CPU, it gives the one-thread kernel's offsets (empty, zero and huge counts)."""
+    from warpbridge.ops import _launches, _tree
+
+    k, device = _tree.kernels_for("float32", wp.get_device("cpu")), wp.get_device("cpu")
+    rng = np.random.default_rng(7)
+    for counts in (np.zeros(0), np.zeros(5), rng.integers(0, 9, 1000), np.array([2**40, 4, 0, 2**33])):
+        c = wp.array(counts.astype(np.int64), dtype=wp.int64)
+        one, scan = (wp.zeros(len(counts) + 1, dtype=wp.int64) for _ in range(2))
+        _launches.row_offsets(k, c, cap, one, device, by_scan=False)
+        _launches.row_offsets(k, c, cap, scan, device, by_scan=True)
+        want = np.r_[0, np.cumsum(np.minimum(counts.astype(np.int64), cap))]
+        assert np.array_equal(one.numpy(), want) and np.array_equal(scan.numpy(), want)

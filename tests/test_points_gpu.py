@@ -247,7 +247,8 @@ def test_a_thread_per_query_and_a_block_per_cloud_give_the_cpus_results():
     """The CUDA layouts of the brute force (a thread per query, its accumulators in registers)
     and of fps (a thread block per cloud, each step's farthest point by block reductions) against
     the CPU: DGCNN-sized feature kNN in both float types, a radius graph over them, and fps on
-    ragged clouds longer and shorter than a block, with empty ones, duplicates and NaN points."""
+    ragged clouds longer and shorter than a block, with empty ones, duplicates and NaN points,
+    and 3-D kNN graphs and capped radius rows over those clouds (a forest split by sorting)."""
     b = torch.arange(8).repeat_interleave(1024)
     for dtype in (torch.float32, torch.float64):
         h = torch.randn(8 * 1024, 64, generator=torch.Generator().manual_seed(4), dtype=dtype)
@@ -269,3 +270,10 @@ def test_a_thread_per_query_and_a_block_per_cloud_give_the_cpus_results():
             wb.ops.fps(pos.cuda(), batch=pb.cuda(), random_start=False, **kw).cpu(),
             wb.ops.fps(pos, batch=pb, random_start=False, **kw),
         )
+    # 3-D ragged batches through a forest split by sorting (CUDA) against one built per cloud (CPU)
+    assert torch.equal(wb.ops.knn_graph(pos.cuda(), 16, batch=pb.cuda()).cpu(), wb.ops.knn_graph(pos, 16, batch=pb))
+    got = wb.ops.radius(pos.cuda(), pos.cuda(), 0.1, query_batch=pb.cuda(), ref_batch=pb.cuda(), max_neighbors=32)
+    want = wb.ops.radius(pos, pos, 0.1, query_batch=pb, ref_batch=pb, max_neighbors=32)
+    assert torch.equal(got.index.cpu(), want.index) and torch.equal(got.ptr.cpu(), want.ptr)
+    # float32 distances of random points: CUDA fuses the squares' multiply-adds where the CPU may not
+    torch.testing.assert_close(got.distance.cpu(), want.distance, rtol=1e-6, atol=0)

@@ -47,10 +47,10 @@ def tree_depths(counts: np.ndarray) -> np.ndarray:
     return np.frexp(leaves_wanted.astype(np.float64))[1].astype(np.int64)  # bit lengths
 
 
-def clouds(values: np.ndarray, count: int, device: Any) -> tuple[wp.array, int, int]:
+def clouds(values: np.ndarray, count: int, device: Any) -> tuple[wp.array, int, int, int]:
     """The forest over points of the sorted cloud numbers ``values``, ``count`` clouds: per
     cloud (first place, points, first node, depth) as a (count,) vec4i array, the forest's
-    node count, and the most points in one cloud."""
+    node count, the most points in one cloud and the deepest tree's depth."""
     points = np.bincount(values, minlength=count).astype(np.int64)
     depths = tree_depths(points)
     nodes = np.int64(2) << depths
@@ -62,7 +62,8 @@ def clouds(values: np.ndarray, count: int, device: Any) -> tuple[wp.array, int, 
     total = int(nodes.sum())
     if total >= 1 << 31:
         raise OverflowError(f"a forest of {total} nodes: more than 32-bit node numbers address")
-    return wp.array(table, dtype=wp.vec4i, device=device), total, int(points.max(initial=0))
+    deepest = int(depths.max(initial=0))
+    return wp.array(table, dtype=wp.vec4i, device=device), total, int(points.max(initial=0)), deepest
 
 
 def forest_of(op: str, searched: wp.array, tree_of: wp.array, names: tuple[str, str]) -> Any:

@@ -39,7 +39,7 @@ def _count(k, query, ref, batch, radius, cap, skip_self, count, ptr, order, quer
     tree = _tree.searched_tree(k, query, ref, queries, order=order, batch=batch)
     before = [query, tree, radius, skip_self, queries]
     _launches.launch(k.radius_count, m, before, [count, listed], device)
-    _launches.launch(k.list_offsets, 1, [count, cap], [ptr], device)
+    _launches.row_offsets(k, count, cap, ptr, device)
 
 
 def edge_rows(edges: wp.array) -> list:
@@ -95,7 +95,7 @@ def graph_offsets(k, idx, kk, skip_self, ptr):
     m, device = idx.shape[0], idx.device
     counts = wp.empty(m, dtype=wp.int64, device=device)
     _launches.launch(k.knn_edge_counts, m, [idx, kk, skip_self], [counts], device)
-    _launches.launch(k.list_offsets, 1, [counts, kk], [ptr], device)
+    _launches.row_offsets(k, counts, kk, ptr, device)
 
 
 def graph_width(n: int, k: int, skip_self: int) -> int:

@@ -59,8 +59,8 @@ def radius_count_rows(op, query, ref, query_batch, ref_batch, radius, cap, skip_
     ref_ptr, blocks = _clouds(op, query, ref, query_batch, ref_batch)
     before = [_whole(query), _transposed(k, ref), ref_ptr, blocks]
     _launches.launch(k.rows_radius_count, blocks.shape[0], before, [radius, skip_self, count], device)
-    offsets = _tree.kernels_for("float32" if k.T is wp.float32 else "float64", device).list_offsets  # reads counts only
-    _launches.launch(offsets, 1, [count, cap], [ptr], device)
+    tree_kernels = _tree.kernels_for("float32" if k.T is wp.float32 else "float64", device)  # reads counts only
+    _launches.row_offsets(tree_kernels, count, cap, ptr, device)
 
 
 def radius_fill_rows(op, query, ref, query_batch, ref_batch, radius, cap, skip_self, ptr, distance, edges):

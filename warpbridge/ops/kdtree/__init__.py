@@ -94,11 +94,11 @@ def kernels(scalar: Any, dim: int = 3) -> Any:
 
 
 _EXPORTED = (
-    "tree_init", "tree_regather", "tree_leaf_boxes", "tree_split", "tree_axes", "tree_keys", "tree_node_keys", "tree_gather", "tree_subtrees",
+    "tree_init", "tree_regather", "tree_leaf_boxes", "tree_split", "tree_axes", "tree_keys", "tree_node_keys", "tree_gather", "forest_axes", "forest_keys", "forest_node_keys", "tree_subtrees",
     "forest_trees", "forest_boxes",
     "tree_up", "tree_top", "query_box", "query_keys", "radius_forward", "radius_backward_query", "radius_backward_ref",
     "pair_counts", "pairs_by_ref", "radius_backward_ref_pairs", "knn_search", "knn_small", "knn_backward",
-    "knn_aggregate_backward", "radius_small", "radius_count", "list_offsets", "radius_fill", "list_backward", "knn_edge_counts",
+    "knn_aggregate_backward", "radius_small", "radius_count", "list_offsets", "capped_counts", "radius_fill", "list_backward", "knn_edge_counts",
     "knn_edges", "fps_clouds", "fps_clouds_tiled",
 )  # fmt: skip
 

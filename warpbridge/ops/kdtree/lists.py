@@ -122,6 +122,17 @@ def list_offsets(counts: wp.array(dtype=wp.int64), cap: int, stride: int, offset
     ptr[counts.shape[0]] = total
 
 
+@kernel
+def capped_counts(
+    counts: wp.array(dtype=wp.int64), cap: int, stride: int, offset: int, capped: wp.array(dtype=wp.int64)
+):
+    # capped[i] = min(counts[i], cap), 0 past the last query: list_offsets as a scan (CUDA).
+    i = wp.tid() * stride + offset
+    capped[i] = wp.int64(0)
+    if i < counts.shape[0]:
+        capped[i] = wp.min(counts[i], wp.int64(cap))
+
+
 # listed_row: the neighbours at the `kept` places that row i of `listed` holds, as entries
 # (distance, original index) of the row at s, in native code as count_row.
 _LISTED_ROW_SNIPPET = native("lists_listed_row.h")
