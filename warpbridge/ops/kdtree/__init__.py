@@ -43,7 +43,7 @@ and ``offset`` is ``t``) let thread 0 add into the gradient itself and thread ``
 deterministic on the CPU without atomics contending.
 
 The files split by concern: ``dtypes`` (the float types and structs), ``geometry`` (distances,
-boxes, the walk), ``rows`` (feature-row arithmetic), ``partition`` and ``build`` (the tree),
+boxes, the walk), ``rows`` (feature-row arithmetic), ``partition`` and ``build`` (the tree), ``by_sort`` (CUDA's level splits by sorting),
 ``morton`` (the queries' Morton order), ``weights`` (the aggregations' weights), ``radius`` and ``knn`` (the searches and their
 backwards), ``lists`` (radius neighbour lists, kNN graphs). Each function is written once and compiled per float type (``template``).
 """
@@ -56,6 +56,7 @@ import warp as wp
 from . import (
     brute,
     build,
+    by_sort,
     cells,
     dtypes,
     geometry,
@@ -78,7 +79,7 @@ from .template import instantiate
 LEAF_SIZE = 22
 MORTON_BITS = morton.MORTON_BITS
 QUERY, REF, FEATURES, ONE_PASS = knn.QUERY, knn.REF, knn.FEATURES, radius.ONE_PASS
-_MODULES = (geometry, rows, partition, build, morton, weights, knn, radius, sort, lists, sampling)
+_MODULES = (geometry, rows, partition, build, by_sort, morton, weights, knn, radius, sort, lists, sampling)
 
 
 @functools.cache
