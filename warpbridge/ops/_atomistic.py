@@ -179,7 +179,7 @@ def _outputs(a, positions, cell, wanted, found, starts, dtype, built) -> tuple:
     i, j, shifts, d, D = found
     host = {"i": i, "j": j, "S": shifts}
     if not built:
-        host.update(d=d.astype(dtype), D=None if D is None else D.astype(dtype))
+        host.update(d=d.astype(dtype, copy=False), D=None if D is None else D.astype(dtype, copy=False))
     arrays = {name: a.from_host(np.ascontiguousarray(v), positions) for name, v in host.items() if v is not None}
     if built and ("D" in wanted or "d" in wanted):
         vectors = a.take(positions, [arrays["j"], None]) - a.take(positions, [arrays["i"], None])
