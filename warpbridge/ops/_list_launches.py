@@ -113,7 +113,8 @@ def declared(dtype: str, dim: int = 3) -> dict:
 
 def _small_lists(dtype: str, dim: int) -> dict:
     """``radius_small``: the radius lists of one small cloud on the CPU in one op (see
-    ``_lists._small``), each row padded to the cap (or the cloud's size). The edges come flat,
+    ``_lists._small``), each row padded to the cap (or the cloud's size); ``radius_graph_small``
+    the same search's graph alone. The edges come flat,
     sized for the most there can be: row 0 (the neighbours) in the first E entries, row 1 (the
     centres) in the next E, so that the first 2 E, once E is read, are the (2, E) graph,
     contiguous."""
@@ -138,14 +139,28 @@ def _small_lists(dtype: str, dim: int) -> dict:
         rows = [query, ref, edges, ptr, adj_distance]  # the neighbours: the first E entries
         _launches.distance_backward(k, k.list_backward, rows, queries, adj_query, adj_ref, needs_input_grad)
 
+    def radius_graph_small(x: Points, radius: T, cap: int, skip_self: int, ptr: Counts, edges: Counts):
+        # radius_small's edges and offsets alone (a graph has no distances to differentiate):
+        # the counts and distances go to this thread's kept scratch, not to outputs
+        m, device = x.shape[0], x.device
+        shapes, types = [(m,), (edges.shape[0] // 2,)], (wp.int64, T)
+        count, distance = cpu_launch.kept_each(("small_count", "small_distance"), shapes, types, device)
+        limits, outputs = wp.vec2i(min(cap, NO_CAP), skip_self), [count, ptr, distance, edges]
+        _launches.launch(kernels(device).radius_small, 1, [x, x, radius, limits], outputs, device)
+
     def small_dims(query, ref, radius, cap, skip_self):
         m, e = query[0], query[0] * min(ref[0], cap)
         return {"count": (m,), "ptr": (m + 1,), "queries": (m,), "distance": (e,), "edges": (2 * e,)}
+
+    def graph_small_dims(x, radius, cap, skip_self):
+        e = x[0] * min(x[0], cap)
+        return {"ptr": (x[0] + 1,), "edges": (2 * e,)}
 
     return dict(
         radius_small=dict(
             fn=radius_small, num_outputs=5, aux=("queries",), output_dims=small_dims, backward=radius_small_backward
         ),
+        radius_graph_small=dict(fn=radius_graph_small, num_outputs=2, output_dims=graph_small_dims),
     )
 
 

@@ -155,7 +155,7 @@ class _Counted(NamedTuple):
     order: Any
     queries: Any
     listed: Any
-    small: tuple | None = None  # (distance, edges) of a small cloud's lists, padded (see _small)
+    small: tuple | None = None  # (distance or None for a graph, edges) of a small cloud's lists, padded (see _small)
 
 
 def _count(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any, batch: dict) -> _Counted:
@@ -172,6 +172,11 @@ def _count(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any,
     args, ops, half = widen(op, a, arrays, dtype)
     args = args * 2 if len(args) == 1 else args
     if not clouds and _small(a, args, ops):
+        if op == "radius_graph":  # its edges alone
+            ptr, edges = ops.radius_graph_small(args[0], r, cap, skip_self)
+            return _Counted(
+                op, a, args, clouds, ops, half, r, cap, skip_self, None, ptr, None, None, None, (None, edges)
+            )
         count, ptr, distance, edges = ops.radius_small(*args, r, cap, skip_self)
         return _Counted(
             op, a, args, clouds, ops, half, r, cap, skip_self, count, ptr, None, None, None, (distance, edges)
@@ -187,7 +192,8 @@ def _small(a: Any, args: list, ops: Any) -> bool:
     them."""
     if a.compiling():  # one path for every size: a compiler would guard on the sizes, and compile both
         return False
-    (m, _), (n, _), device = a.info(args[0])[1], a.info(args[1])[1], a.info(args[0])[2]
+    _, (m, _), device = a.info(args[0])
+    n = m if args[1] is args[0] else a.info(args[1])[1][0]
     return device == "cpu" and hasattr(ops, "radius_small") and _knn_launches.small(m, n)
 
 
@@ -203,8 +209,10 @@ def _pairs(op: str, adapter: Any, ptr: Any, instead: str = "") -> int:
 def _fill(c: _Counted, n_pairs: int) -> tuple:
     """(edges (2, E), distance) of the radius lists."""
     if c.small is not None:  # the flat edges' first 2 E entries are the (2, E) graph
-        distance, edges = c.small[0][:n_pairs], c.small[1][: 2 * n_pairs].reshape(2, n_pairs)
-        return edges, (c.adapter.cast(distance, c.half) if c.half else distance)
+        distance, edges = c.small[0], c.small[1][: 2 * n_pairs].reshape(2, n_pairs)
+        if distance is None:  # a graph's
+            return edges, None
+        return edges, (c.adapter.cast(distance[:n_pairs], c.half) if c.half else distance[:n_pairs])
     fill = declared_op(c.ops, "radius_list", c.clouds)
     distance, edges = fill(
         *c.args, *c.clouds, c.ptr, c.order, c.queries, c.listed, c.radius, c.skip_self, c.cap, n_pairs
