@@ -42,7 +42,7 @@ sys.path.insert(0, HERE)
 import distributions as D  # noqa: E402
 
 import warpbridge as wb  # noqa: E402
-from warpbridge._cli.measure import median_ms, peak_mib  # noqa: E402
+from warpbridge._cli.measure import median_ms, peak_mib, per_call_ms  # noqa: E402
 
 NEIGHBOURS = 16
 GRAPH_NEIGHBOURS = 30
@@ -121,15 +121,7 @@ SMALL_NEIGHBOURS = 16
 
 def per_call_us(fn, rounds: int) -> float:
     """Median over ``rounds`` of the mean time of 100 calls, in microseconds."""
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(100):
-            fn()
-        times.append((time.perf_counter() - t) * 1e4)
-    return sorted(times)[len(times) // 2]
+    return per_call_ms(fn, rounds) * 1e3
 
 
 def small_graph_rows(rounds: int) -> list:

@@ -39,7 +39,7 @@ sys.path.insert(0, HERE)
 import distributions as D  # noqa: E402
 
 import warpbridge as wb  # noqa: E402
-from warpbridge._cli.measure import median_ms  # noqa: E402
+from warpbridge._cli.measure import median_ms, per_call_ms  # noqa: E402
 
 try:
     import torch_cluster
@@ -273,19 +273,11 @@ def tiny_rows(small: torch.Tensor) -> dict:
 
 def timed(case: str, who: str, fn, repeat: int) -> float:
     """Milliseconds per call: the median of ``repeat`` calls; for a 100-point cloud (calls of
-    tens of microseconds, where one call's time is mostly noise) the median of ``repeat``
-    rounds' means over 100 calls, after 20 calls to warm up."""
-    if not case.startswith("100-point"):
-        return median_ms(fn, "cpu", 3 if who == "torch loop" else repeat)
-    for _ in range(20):
-        fn()
-    rounds = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        for _ in range(100):
-            fn()
-        rounds.append((time.perf_counter() - t) * 10)  # ms per call: seconds * 1e3 / 100
-    return sorted(rounds)[len(rounds) // 2]
+    tens of microseconds, where one call's time is mostly noise) of ``repeat`` rounds' means
+    over 100 calls."""
+    if case.startswith("100-point"):
+        return per_call_ms(fn, repeat)
+    return median_ms(fn, "cpu", 3 if who == "torch loop" else repeat)
 
 
 def main() -> None:

@@ -30,6 +30,20 @@ def median_ms(fn: Callable[[], Any], device: str, repeat: int, warmup: int = 1) 
     return statistics.median(times)
 
 
+def per_call_ms(fn: Callable[[], Any], rounds: int, calls: int = 100, warmup: int = 20) -> float:
+    """Milliseconds per call of a CPU ``fn`` too short to time alone: the median over
+    ``rounds`` of the mean of ``calls`` calls, after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    means = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        means.append((time.perf_counter() - t) * 1e3 / calls)
+    return statistics.median(means)
+
+
 def _status_kib(field: str) -> int:
     with open("/proc/self/status") as fh:
         for line in fh:

@@ -22,19 +22,17 @@ def lowered_reach(points: wp.array(dtype=V), j: int, p: V, reach: wp.array(dtype
 
 
 @func
-def farthest_step(
-    points: wp.array(dtype=V), first: int, n: int, last: int, reach: wp.array(dtype=T), fallback: int
-) -> int:
-    # Lowers each point's reach by the point chosen last and returns the place of the largest
-    # (the first of equal ones, as torch's argmax); `fallback` when no finite point is left.
-    p = points[last]
-    best, chosen = T(-1.0), fallback
-    for j in range(first, first + n):
+def farthest_of(points: wp.array(dtype=V), first: int, end: int, step: int, p: V, reach: wp.array(dtype=T)) -> wp.vec2i:
+    # Lowers the reach of points first, first + step, ... (< end) by the point `p` chosen last;
+    # returns (1 if any is finite else 0, the place of the largest: the first of equal ones, as
+    # torch's argmax).
+    best, chosen = T(-1.0), first
+    for j in range(first, end, step):
         d2 = lowered_reach(points, j, p, reach)
         if d2 > best:
             best = d2
             chosen = j
-    return chosen
+    return wp.vec2i(wp.where(best >= T(0.0), 1, 0), chosen)
 
 
 @func
@@ -78,7 +76,9 @@ def fps_clouds(
     reach[start] = T(0.0)
     last = start
     for t in range(1, m):
-        last = farthest_step(points, first, n, last, reach, last)
+        found = farthest_of(points, first, first + n, 1, points[last], reach)
+        if found[0] == 1:  # else no finite point is left: the last one again
+            last = found[1]
         samples[o + t] = wp.int64(last)
 
 
@@ -107,16 +107,13 @@ def fps_clouds_tiled(
         samples[o] = wp.int64(start)
     last = start
     for t in range(1, m):
-        p = points[last]
-        best, chosen = T(-1.0), first + n
-        for j in range(first + lane, first + n, lanes):
-            d2 = lowered_reach(points, j, p, reach)
-            if d2 > best:
-                best = d2
-                chosen = j
+        found = farthest_of(points, first + lane, first + n, lanes, points[last], reach)
+        best = T(-1.0)
+        if found[0] == 1:
+            best = reach[found[1]]
         top = wp.tile_max(wp.tile(best))[0]
-        pick = wp.tile_min(wp.tile(wp.where(best == top, chosen, first + n)))[0]
-        if pick < first + n:
+        pick = wp.tile_min(wp.tile(wp.where(found[0] == 1 and best == top, found[1], first + n)))[0]
+        if top >= T(0.0):
             last = pick
         if lane == 0:
             samples[o + t] = wp.int64(last)
