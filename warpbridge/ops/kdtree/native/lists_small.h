@@ -2,7 +2,6 @@
 NORM_OF
 constexpr int MOST = BRUTE_REFS;  // the most references of a cloud listed this way
 const int m = query.shape[0], n = ref.shape[0], cap = limits[0], skip = limits[1];
-const wp::int64 half = edges.shape[0] / 2;
 const Real reach = radius * radius * (Real)1.0001 + (Real)1e-30;  // as sq_bound
 WITHIN
 auto point = [](const wp::array_t<Vec>& a, int t) -> Vec { return *(const Vec*)((const char*)a.data + (size_t)t * (size_t)a.strides[0]); };
@@ -46,9 +45,9 @@ for (int i = 0; i < m; ++i) {
     for (int t = 0; t < kept; ++t) {
         *wp::address(distance, p + t) = dd[t];
         *wp::address(edges, p + t) = jj[t];
-        *wp::address(edges, half + p + t) = i;  // the centres after the room for every neighbour
     }
     p += kept;
 }
 *wp::address(ptr, m) = p;
-for (wp::int64 t = 0; t < p; ++t) *wp::address(edges, p + t) = *wp::address(edges, half + t);  // then right after them (p <= half)
+for (int i = 0; i < m; ++i)  // the centres right after the neighbours, once their number is known
+    for (wp::int64 t = *wp::address(ptr, i), e = *wp::address(ptr, i + 1); t < e; ++t) *wp::address(edges, p + t) = i;
