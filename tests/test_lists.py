@@ -530,6 +530,27 @@ def test_a_small_clouds_lists_in_one_op_are_the_trees(case, monkeypatch):
     assert len(results[0][0]) > 0
 
 
+@pytest.mark.parametrize("case", list(_small_lists_cases()))
+def test_a_small_clouds_knn_graph_in_one_launch_is_the_trees(case, monkeypatch):
+    """A small cloud's kNN graph comes from one op and one launch (``knn_graph_small``): the
+    same edges as the tree's two ops, bit for bit, for every k (past the cloud's size too),
+    with and without self-loops, contiguous and never -1."""
+    from warpbridge.ops import _knn_launches, _lists
+
+    x, _ = _small_lists_cases()[case]
+    calls = []
+    real_small = _lists._small
+    monkeypatch.setattr(_lists, "_small", lambda *a: calls.append(real_small(*a)) or calls[-1])
+    graphs = []
+    for pairs in (_knn_launches.SMALL_PAIRS, 0):  # in one launch, then through the tree
+        monkeypatch.setattr(_knn_launches, "SMALL_PAIRS", pairs)
+        graphs.append([wb.ops.knn_graph(x, k, loop=loop) for k in (1, 4, 16, 500) for loop in (False, True)])
+    assert calls == [True] * 8 + [False] * 8
+    for ours, tree in zip(*graphs):
+        assert ours.dtype == torch.int64 and torch.equal(ours, tree) and ours.is_contiguous()
+        assert ours.shape[1] > 0 and int(ours.min()) >= 0
+
+
 @pytest.mark.parametrize("cap", [1, 3, 2**31 - 1])
 def test_row_offsets_by_scan_are_the_one_thread_sums(cap):
     """CUDA takes the rows' offsets from Warp's parallel scan of the capped counts; run here on

@@ -114,7 +114,7 @@ def declared(dtype: str, dim: int = 3) -> dict:
 def _small_lists(dtype: str, dim: int) -> dict:
     """``radius_small``: the radius lists of one small cloud on the CPU in one op (see
     ``_lists._small``), each row padded to the cap (or the cloud's size); ``radius_graph_small``
-    the same search's graph alone. The edges come flat,
+    the same search's graph alone; ``knn_graph_small`` a small cloud's kNN graph in one launch. The edges come flat,
     sized for the most there can be: row 0 (the neighbours) in the first E entries, row 1 (the
     centres) in the next E, so that the first 2 E, once E is read, are the (2, E) graph,
     contiguous."""
@@ -148,6 +148,13 @@ def _small_lists(dtype: str, dim: int) -> dict:
         limits, outputs = wp.vec2i(min(cap, NO_CAP), skip_self), [count, ptr, distance, edges]
         _launches.launch(kernels(device).radius_small, 1, [x, x, radius, limits], outputs, device)
 
+    def knn_graph_small(x: Points, k: int, skip_self: int, ptr: Counts, edges: Counts):
+        # knn_graph's two ops in one launch; the rows of nearest go to this thread's kept scratch
+        n, device = x.shape[0], x.device
+        shape = (n, graph_width(n, k, skip_self))
+        dist, idx = cpu_launch.kept_each(("small_dist", "small_idx"), [shape, shape], (T, wp.int64), device)
+        _launches.launch(kernels(device).knn_graph_small, 1, [x, k, skip_self], [dist, idx, ptr, edges], device)
+
     def small_dims(query, ref, radius, cap, skip_self):
         m, e = query[0], query[0] * min(ref[0], cap)
         return {"count": (m,), "ptr": (m + 1,), "queries": (m,), "distance": (e,), "edges": (2 * e,)}
@@ -156,11 +163,15 @@ def _small_lists(dtype: str, dim: int) -> dict:
         e = x[0] * min(x[0], cap)
         return {"ptr": (x[0] + 1,), "edges": (2 * e,)}
 
+    def knn_graph_small_dims(x, k, skip_self):
+        return {"ptr": (x[0] + 1,), "edges": (2 * x[0] * min(x[0], k),)}
+
     return dict(
         radius_small=dict(
             fn=radius_small, num_outputs=5, aux=("queries",), output_dims=small_dims, backward=radius_small_backward
         ),
         radius_graph_small=dict(fn=radius_graph_small, num_outputs=2, output_dims=graph_small_dims),
+        knn_graph_small=dict(fn=knn_graph_small, num_outputs=2, output_dims=knn_graph_small_dims),
     )
 
 

@@ -132,8 +132,13 @@ def knn_graph(x: Any, k: int, *, batch: Any = None, loop: bool = False) -> Any:
         raise fail(op, f"N * k = {n * k:,} edges, more than one graph holds ({MAX_PAIRS:,}, 32-bit places)")
     clouds = batches(op, a, {"x": x}, {"batch": batch})
     args, ops, _ = widen(op, a, {"x": x}, dtype)
+    instead = " (a fixed-size graph: knn(x, x, k + 1) and its count)"
+    if not clouds and _small(a, args * 2, ops, "knn_graph_small"):  # one op, one launch
+        ptr, flat = ops.knn_graph_small(*args, k, skip_self)
+        n_edges = _pairs(op, a, ptr, instead)
+        return flat[: 2 * n_edges].reshape(2, n_edges)
     idx, ptr = declared_op(ops, "knn_graph_search", clouds)(*args, *clouds, k, skip_self)
-    n_edges = _pairs(op, a, ptr, " (a fixed-size graph: knn(x, x, k + 1) and its count)")
+    n_edges = _pairs(op, a, ptr, instead)
     return declared_op(ops, "knn_graph_fill", clouds)(idx, ptr, skip_self, n_edges)
 
 
@@ -185,16 +190,16 @@ def _count(op: str, query: Any, ref: Any, r: Any, max_neighbors: Any, loop: Any,
     return _Counted(op, a, args, clouds, ops, half, r, cap, skip_self, count, ptr, order, queries, listed)
 
 
-def _small(a: Any, args: list, ops: Any) -> bool:
-    """Whether one cloud's lists are made by comparing each query with every reference, in
-    one op and one launch (``kdtree.lists.small_lists``), on the CPU and outside a compiler:
-    padded to ``cap`` (or the cloud's size) per query, the pairs read on the host then cut
-    them."""
+def _small(a: Any, args: list, ops: Any, name: str = "radius_small") -> bool:
+    """Whether one cloud's lists (or kNN graph) are made by comparing each query with every
+    reference, in one op ``name`` and one launch (``kdtree.lists.small_lists``,
+    ``knn_graph_small``), on the CPU and outside a compiler: padded to the most there can be
+    per query, the pairs read on the host then cut them."""
     if a.compiling():  # one path for every size: a compiler would guard on the sizes, and compile both
         return False
     _, (m, _), device = a.info(args[0])
     n = m if args[1] is args[0] else a.info(args[1])[1][0]
-    return device == "cpu" and hasattr(ops, "radius_small") and _knn_launches.small(m, n)
+    return device == "cpu" and hasattr(ops, name) and _knn_launches.small(m, n)
 
 
 def _pairs(op: str, adapter: Any, ptr: Any, instead: str = "") -> int:

@@ -100,7 +100,7 @@ _EXPORTED = (
     "tree_up", "tree_top", "query_box", "query_keys", "radius_forward", "radius_backward_query", "radius_backward_ref",
     "pair_counts", "pairs_by_ref", "radius_backward_ref_pairs", "knn_search", "knn_small", "knn_backward",
     "knn_aggregate_backward", "radius_small", "radius_count", "list_offsets", "capped_counts", "radius_fill", "list_backward", "knn_edge_counts",
-    "knn_edges", "fps_clouds", "fps_clouds_tiled",
+    "knn_edges", "knn_graph_small", "fps_clouds", "fps_clouds_tiled",
 )  # fmt: skip
 
 

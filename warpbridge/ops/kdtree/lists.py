@@ -18,7 +18,7 @@ import warp as wp
 from . import template
 from .dtypes import Edges, Grads, T, Tree, V
 from .geometry import BALL_WALK, NORM_OF, RESUMED, WITHIN, cloud_of, query_at, resumed, sq_bound
-from .knn import BRUTE_REFS, QUERY, REF, knn_query
+from .knn import BRUTE_REFS, QUERY, REF, knn_brute, knn_query
 from .rows import pull_on_distance
 from .sort import sort_row
 from .template import func, kernel, native
@@ -301,3 +301,33 @@ def knn_edges(
             sources[e] = idx[i, c]
             targets[e] = wp.int64(i)
             e += wp.int64(1)
+
+
+@kernel
+def knn_graph_small(
+    x: wp.array(dtype=V),
+    k: int,
+    skip_self: int,
+    stride: int,
+    offset: int,
+    dist: wp.array2d(dtype=T),
+    idx: wp.array2d(dtype=wp.int64),
+    ptr: wp.array(dtype=wp.int64),
+    edges: wp.array(dtype=wp.int64),
+):
+    # The kNN graph of one small cloud on one thread: each point's nearest as knn_small finds
+    # them (rows of dist and idx, scratch), its edges as knn_edge_counts and knn_edges take
+    # them; `edges` flat, the E neighbours, then the E centres.
+    n = x.shape[0]
+    e = wp.int64(0)
+    for i in range(n):
+        knn_brute(x[i], x, dist.shape[1], i, dist, idx)
+        ptr[i] = e
+        for c in range(idx.shape[1]):
+            if e - ptr[i] < wp.int64(k) and knn_edge(idx, i, c, skip_self):
+                edges[e] = idx[i, c]
+                e += wp.int64(1)
+    ptr[n] = e
+    for i in range(n):
+        for t in range(int(ptr[i]), int(ptr[i + 1])):
+            edges[e + wp.int64(t)] = wp.int64(i)
