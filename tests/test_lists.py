@@ -501,18 +501,25 @@ def _small_lists_cases():
     }
 
 
+def _small_calls(monkeypatch) -> list:
+    """What each ``_lists._small`` check answered, in call order."""
+    from warpbridge.ops import _lists
+
+    calls, real_small = [], _lists._small
+    monkeypatch.setattr(_lists, "_small", lambda *a: calls.append(real_small(*a)) or calls[-1])
+    return calls
+
+
 @pytest.mark.parametrize("case", list(_small_lists_cases()))
 def test_a_small_clouds_lists_in_one_op_are_the_trees(case, monkeypatch):
     """A small cloud's radius lists come from one op that compares each query with every
     point: the same rows, distances, counts and caps as through the tree, bit for bit, and
     so do its radius graphs; the same gradients (a point's is summed in the queries' order,
     which differs)."""
-    from warpbridge.ops import _knn_launches, _lists
+    from warpbridge.ops import _knn_launches
 
     x, r = _small_lists_cases()[case]
-    calls = []
-    real_small = _lists._small
-    monkeypatch.setattr(_lists, "_small", lambda *a: calls.append(real_small(*a)) or calls[-1])
+    calls = _small_calls(monkeypatch)
     results = []
     for pairs in (_knn_launches.SMALL_PAIRS, 0):  # in one op, then through the tree
         monkeypatch.setattr(_knn_launches, "SMALL_PAIRS", pairs)
@@ -535,12 +542,10 @@ def test_a_small_clouds_knn_graph_in_one_launch_is_the_trees(case, monkeypatch):
     """A small cloud's kNN graph comes from one op and one launch (``knn_graph_small``): the
     same edges as the tree's two ops, bit for bit, for every k (past the cloud's size too),
     with and without self-loops, contiguous and never -1."""
-    from warpbridge.ops import _knn_launches, _lists
+    from warpbridge.ops import _knn_launches
 
     x, _ = _small_lists_cases()[case]
-    calls = []
-    real_small = _lists._small
-    monkeypatch.setattr(_lists, "_small", lambda *a: calls.append(real_small(*a)) or calls[-1])
+    calls = _small_calls(monkeypatch)
     graphs = []
     for pairs in (_knn_launches.SMALL_PAIRS, 0):  # in one launch, then through the tree
         monkeypatch.setattr(_knn_launches, "SMALL_PAIRS", pairs)
