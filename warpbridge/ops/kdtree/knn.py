@@ -37,9 +37,13 @@ FEATURES = 4
 # points (one thread); this takes 25.6 ms, and 2 000 queries on 10^4 duplicated points
 # 1.86 -> 1.51 ms. A C++ copy compiled on its own with Clang took 24.7 ms. (Before, the
 # leaf scan alone became native: 1.86 -> 1.69 ms for 2 000 queries on 10^4 points.)
-_INSERT = native("knn_insert.h")
+_INSERT, _ROW = native("knn_insert.h"), native("knn_row.h")
 _KNN_SNIPPET = (
-    native("knn_query.h").replace("STACK", str(STACK)).replace("NORM_OF", NORM_OF).replace("KNN_INSERT", _INSERT)
+    native("knn_query.h")
+    .replace("STACK", str(STACK))
+    .replace("NORM_OF", NORM_OF)
+    .replace("KNN_ROW", _ROW)
+    .replace("KNN_INSERT", _INSERT)
 )
 
 # knn_brute: knn_query's result for a cloud small enough to compare each query with every
@@ -48,6 +52,7 @@ BRUTE_REFS = 256  # the most references a cloud searched by knn_brute has
 _BRUTE_SNIPPET = (
     native("knn_brute.h")
     .replace("NORM_OF", NORM_OF)
+    .replace("KNN_ROW", _ROW)
     .replace("KNN_INSERT", _INSERT)
     .replace("BRUTE_REFS", str(BRUTE_REFS))
 )

@@ -1,12 +1,7 @@
 
 NORM_OF
 constexpr int MOST = BRUTE_REFS;  // the most references of a cloud searched this way
-char* const dr = (char*)dist.data + (size_t)i * (size_t)dist.strides[0];
-char* const ir = (char*)idx.data + (size_t)i * (size_t)idx.strides[0];
-const size_t ds = (size_t)dist.strides[1], is = (size_t)idx.strides[1];
-auto D = [&](int n) -> Real& { return *(Real*)(dr + (size_t)n * ds); };
-auto J = [&](int n) -> wp::int64& { return *(wp::int64*)(ir + (size_t)n * is); };
-for (int n = 0; n < k; ++n) { D(n) = inf; J(n) = -1; }
+KNN_ROW
 int c = 0;
 for (int a = 0; a < NDIM; ++a) if (!(wp::abs(q[a]) < inf)) return c;
 const int n = ref.shape[0];

@@ -1,11 +1,6 @@
 
 NORM_OF
-char* const dr = (char*)dist.data + (size_t)i * (size_t)dist.strides[0];
-char* const ir = (char*)idx.data + (size_t)i * (size_t)idx.strides[0];
-const size_t ds = (size_t)dist.strides[1], is = (size_t)idx.strides[1];
-auto D = [&](int n) -> Real& { return *(Real*)(dr + (size_t)n * ds); };
-auto J = [&](int n) -> wp::int64& { return *(wp::int64*)(ir + (size_t)n * is); };
-for (int n = 0; n < k; ++n) { D(n) = inf; J(n) = -1; }
+KNN_ROW
 for (int a = 0; a < NDIM; ++a) if (!(wp::abs(q[a]) < inf)) return;
 const int n = cloud[1];  // the cloud's points, from place cloud[0]; its nodes from cloud[2]
 if (n == 0) return;
