@@ -29,7 +29,7 @@ def tree_build(request, monkeypatch):
     """The two ways the ops search, on this machine. "quickselect": the CPU's kd-tree build
     (a quickselect per node), queries taken in their given order, as for fewer than
     ``QUERY_ORDER_MIN`` of them. "sort": CUDA's build (every level split by two radix sorts,
-    ``_tree._split_by_sort``, forests by ``_tree._split_forest_by_sort``) and the queries taken in Morton order (``_tree.query_order``),
+    ``_tree._split_by_sort``, forests too) and the queries taken in Morton order (``_tree.query_order``),
     as for many queries, and every kNN search through a tree (a small cloud's otherwise
     compares each query with every point, ``_knn_launches.small``). So CUDA's build and the
     query order are checked on every commit without a GPU and at test sizes. Asserts the

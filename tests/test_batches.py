@@ -294,7 +294,7 @@ def test_a_forest_is_each_cloud_s_own_tree_and_comes_back_from_its_order():
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_forest_split_by_sorting_is_each_cloud_s_sorted_tree(dtype):
     """CUDA builds a forest by sorting all points at each level, every tree's nodes of that
-    level numbered across the forest (``_tree._split_forest_by_sort``); run here on the CPU,
+    level numbered across the forest (``_tree._split_by_sort``); run here on the CPU,
     cloud c's tree is exactly the tree CUDA's sort build makes over cloud c alone (empty,
     one-point and leaf-sized clouds, duplicates and a NaN point among them)."""
     import warp as wp

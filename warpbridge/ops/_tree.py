@@ -227,7 +227,7 @@ def build_forest(k: Any, points: wp.array, tree: tuple, forest: Forest, by_sort:
     """Build ``forest`` over ``points`` into ``tree`` (as ``build_tree``'s). On the CPU one
     thread per cloud builds its whole tree (``kdtree.build.tree_subtrees``), in its own row of
     records, as ``build_tree``'s subtrees. On CUDA (``by_sort``, default: not the CPU) every
-    level of every tree is split at once by sorting all points (``_split_forest_by_sort``;
+    level of every tree is split at once by sorting all points (``_split_by_sort``;
     a thread per tree took 5-7 ms for 16 clouds of 1 024 points on an H200), then one thread
     per cloud takes its boxes."""
     order, sorted_points, lo, hi, min_index = tree
@@ -236,7 +236,7 @@ def build_forest(k: Any, points: wp.array, tree: tuple, forest: Forest, by_sort:
         k.tree_init, n, cpu_launch.threads(device, n // 32), [points], [sorted_points, order], device, None
     )
     if by_sort if by_sort is not None else not device.is_cpu:
-        _split_forest_by_sort(k, sorted_points, order, forest, device)
+        _split_by_sort(k, sorted_points, order, forest.deepest, device, None, forest.clouds)
         before = [sorted_points, order, forest.clouds]
         cpu_launch.launch_queries(k.forest_boxes, count, 1, before, [lo, hi, min_index], device, None, True)
         return
@@ -295,56 +295,39 @@ def query_order(
         wp.copy(order, places, count=m)
 
 
-def _split_by_sort(k: Any, pts: wp.array, order: wp.array, levels: int, device: Any, stream: Any) -> None:
+def _split_by_sort(
+    k: Any, pts: wp.array, order: wp.array, levels: int, device: Any, stream: Any, clouds: wp.array | None = None
+) -> None:
     """Split ``levels`` levels of the tree, each by two stable radix sorts of all N points:
-    by the coordinate along their node's axis, then by node (see ``tree_keys``). A quickselect
-    per node would leave the top levels to a few GPU threads, each walking up to N points;
-    the sorts keep the whole device busy at every level, for O(N) scratch."""
+    by the coordinate along their node's axis, then by node (see ``kdtree.by_sort``). A
+    quickselect per node would leave the top levels to a few GPU threads, each walking up to
+    N points; the sorts keep the whole device busy at every level, for O(N) scratch. With
+    ``clouds`` (a forest's table, ``levels`` its deepest tree's depth) every tree of a forest
+    at once: each level's nodes are numbered across the forest (cloud c's from c * 2**level
+    on; a tree split to its leaves is one node whose points keep their places); without,
+    the tree is a forest of one cloud."""
     n = pts.shape[0]
     if levels == 0 or n == 0:
         return
-    keys = wp.empty(2 * n, dtype=k.T, device=device)  # the sorts need room for 2N
-    places, nodes, by_node = (wp.empty(2 * n, dtype=wp.int32, device=device) for _ in range(3))
-    axes = wp.empty(1 << (levels - 1), dtype=wp.int32, device=device)
-    items = cpu_launch.nothing((0,), k.Item, device)  # split_axis reads the points in place
-    pts_out, order_out = wp.empty_like(pts), wp.empty_like(order)
-    with warp_runtime.on_stream(stream):
-        for level in range(levels):
-            parts = 1 << level
-            wp.launch(k.tree_axes, dim=parts, inputs=[pts, items, parts, axes], device=device)
-            wp.launch(k.tree_keys, dim=n, inputs=[pts, parts, axes, keys, places], device=device)
-            wp.utils.radix_sort_pairs(keys, places, n)
-            wp.launch(k.tree_node_keys, dim=n, inputs=[places, n, parts, nodes, by_node], device=device)
-            wp.utils.radix_sort_pairs(nodes, by_node, n, 0, level)  # nodes < 2**level
-            wp.launch(k.tree_gather, dim=n, inputs=[pts, order, by_node, pts_out, order_out], device=device)
-            wp.copy(pts, pts_out)
-            wp.copy(order, order_out)
-
-
-def _split_forest_by_sort(k: Any, pts: wp.array, order: wp.array, forest: Forest, device: Any) -> None:
-    """``_split_by_sort`` for every tree of ``forest`` at once: each level's nodes are
-    numbered across the forest (cloud c's from c * 2**level on, a tree split to its leaves
-    one node whose points keep their places), so the two sorts of all N points split every
-    tree's nodes of that level together."""
-    n, count = pts.shape[0], forest.clouds.shape[0]
-    levels = forest.deepest
-    if levels == 0 or n == 0:
-        return
+    if clouds is None:
+        clouds = wp.full(1, wp.vec4i(0, n, 0, levels), dtype=wp.vec4i, device=device)  # no host copy: capturable
+    count = clouds.shape[0]
     keys = wp.empty(2 * n, dtype=k.T, device=device)  # the sorts need room for 2N
     places, nodes, by_node = (wp.empty(2 * n, dtype=wp.int32, device=device) for _ in range(3))
     axes = wp.empty(count << (levels - 1), dtype=wp.int32, device=device)
     items = cpu_launch.nothing((0,), k.Item, device)  # split_axis reads the points in place
     pts_out, order_out = wp.empty_like(pts), wp.empty_like(order)
-    for level in range(levels):
-        parts = 1 << level
-        wp.launch(k.forest_axes, dim=count * parts, inputs=[pts, items, forest.clouds, parts, axes], device=device)
-        wp.launch(k.forest_keys, dim=n, inputs=[pts, forest.clouds, parts, axes, keys, places], device=device)
-        wp.utils.radix_sort_pairs(keys, places, n)
-        wp.launch(k.forest_node_keys, dim=n, inputs=[places, forest.clouds, parts, nodes, by_node], device=device)
-        wp.utils.radix_sort_pairs(nodes, by_node, n, 0, (count * parts - 1).bit_length())
-        wp.launch(k.tree_gather, dim=n, inputs=[pts, order, by_node, pts_out, order_out], device=device)
-        wp.copy(pts, pts_out)
-        wp.copy(order, order_out)
+    with warp_runtime.on_stream(stream):
+        for level in range(levels):
+            parts = 1 << level
+            wp.launch(k.forest_axes, dim=count * parts, inputs=[pts, items, clouds, parts, axes], device=device)
+            wp.launch(k.forest_keys, dim=n, inputs=[pts, clouds, parts, axes, keys, places], device=device)
+            wp.utils.radix_sort_pairs(keys, places, n)
+            wp.launch(k.forest_node_keys, dim=n, inputs=[places, clouds, parts, nodes, by_node], device=device)
+            wp.utils.radix_sort_pairs(nodes, by_node, n, 0, (count * parts - 1).bit_length())
+            wp.launch(k.tree_gather, dim=n, inputs=[pts, order, by_node, pts_out, order_out], device=device)
+            wp.copy(pts, pts_out)
+            wp.copy(order, order_out)
 
 
 def _cpu(device: Any) -> int:

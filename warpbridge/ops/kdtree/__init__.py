@@ -15,7 +15,7 @@ holds the points ``[floor(i N / 2**l), floor((i + 1) N / 2**l))`` of the permute
 array: every split is a median split along the widest axis of a sample of the node's points
 (on the CPU a quickselect per node, in a per-thread scratch of records once a subtree fits
 there, see ``tree_subtrees``; on CUDA every level at once, by two stable radix sorts of all
-points, see ``tree_keys``), so the tree's depth is ``log2(N / 22)`` on any data.
+points, see ``by_sort``), so the tree's depth is ``log2(N / 22)`` on any data.
 Outliers, clusters, surfaces and lines only change the boxes, never the depth or the memory.
 Each node keeps the exact bounding box of its points and the smallest original index among
 them.
@@ -95,7 +95,7 @@ def kernels(scalar: Any, dim: int = 3) -> Any:
 
 
 _EXPORTED = (
-    "tree_init", "tree_regather", "tree_leaf_boxes", "tree_split", "tree_axes", "tree_keys", "tree_node_keys", "tree_gather", "forest_axes", "forest_keys", "forest_node_keys", "tree_subtrees",
+    "tree_init", "tree_regather", "tree_leaf_boxes", "tree_split", "tree_gather", "forest_axes", "forest_keys", "forest_node_keys", "tree_subtrees",
     "forest_trees", "forest_boxes",
     "tree_up", "tree_top", "query_box", "query_keys", "radius_forward", "radius_backward_query", "radius_backward_ref",
     "pair_counts", "pairs_by_ref", "radius_backward_ref_pairs", "knn_search", "knn_small", "knn_backward",

@@ -1,6 +1,5 @@
-"""Levels of kd-trees split by sorting, for CUDA: a single tree's (``tree_*``) and a forest's,
-every tree of a ragged batch at once (``forest_*``), as ``_tree._split_by_sort`` and
-``_tree._split_forest_by_sort`` launch them."""
+"""Levels of kd-trees split by sorting, for CUDA: every tree of a forest at once (a single
+tree is a forest of one cloud), as ``_tree._split_by_sort`` launches them."""
 
 from __future__ import annotations
 
@@ -23,39 +22,6 @@ def node_of(p: int, n: int, parts: int) -> int:
     # The node i of a level with `parts` nodes whose points [part(i), part(i + 1)) hold
     # position p: i = ceil((p + 1) parts / n) - 1.
     return int((wp.int64(p + 1) * wp.int64(parts) + wp.int64(n - 1)) // wp.int64(n)) - 1
-
-
-@kernel
-def tree_axes(pts: wp.array(dtype=V), items: wp.array(dtype=Item), parts: int, axes: wp.array(dtype=wp.int32)):
-    i = wp.tid()
-    n = pts.shape[0]
-    axes[i] = split_axis(pts, items, 0, False, part(i, n, parts), part(i + 1, n, parts))
-
-
-@kernel
-def tree_keys(
-    pts: wp.array(dtype=V),
-    parts: int,
-    axes: wp.array(dtype=wp.int32),
-    keys: wp.array(dtype=T),
-    places: wp.array(dtype=wp.int32),
-):
-    p = wp.tid()
-    keys[p] = pts[p][axes[node_of(p, pts.shape[0], parts)]]
-    places[p] = p
-
-
-@kernel
-def tree_node_keys(
-    places: wp.array(dtype=wp.int32),
-    n: int,
-    parts: int,
-    nodes: wp.array(dtype=wp.int32),
-    out: wp.array(dtype=wp.int32),
-):
-    j = wp.tid()
-    nodes[j] = node_of(places[j], n, parts)
-    out[j] = places[j]
 
 
 @func
@@ -92,7 +58,7 @@ def forest_axes(
     parts: int,
     axes: wp.array(dtype=wp.int32),
 ):
-    # tree_axes for every tree of a forest: thread c * parts + j takes node j of cloud c.
+    # Each node's split axis: thread c * parts + j takes node j of cloud c.
     t = wp.tid()
     cl = clouds[t // parts]
     j = t % parts
@@ -110,7 +76,8 @@ def forest_keys(
     keys: wp.array(dtype=T),
     places: wp.array(dtype=wp.int32),
 ):
-    # tree_keys over a forest; a point of a tree split to its leaves keys 0 (stays in place).
+    # Each point's key: its coordinate along its node's split axis; 0 in a tree already split
+    # to its leaves (its points stay in place).
     p = wp.tid()
     c = cloud_holding(clouds, p)
     keys[p] = T(0.0)
