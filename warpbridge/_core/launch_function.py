@@ -58,10 +58,13 @@ def _wrap(p: Param, device: Any, ptr: int, shape: Sequence[int], strides: Sequen
     return wp.array(ptr=ptr, dtype=p.wp_type.dtype, shape=tuple(shape), strides=tuple(strides), device=device)
 
 
+_NOTHING_TO_HOLD = contextlib.nullcontext()  # a scope that changes nothing
+
+
 def _scoped(device: Any, stream: Any):
     if stream is not None:
         return on_stream(stream)
-    return wp.ScopedDevice(device)
+    return _NOTHING_TO_HOLD if wp.get_device() is device else wp.ScopedDevice(device)
 
 
 def run_function(
@@ -393,13 +396,14 @@ def run_function_adjoint(
     run_recorded_adjoint(op, recording, in_grads, out_grads, stream)
 
 
-@contextlib.contextmanager
-def first_run(plan: Any, which: int):
+def first_run(plan: Any, which: int) -> Any:
     """Hold the load lock while a launch function runs for the first time: its kernels'
-    modules are built and loaded then."""
-    if plan.warm[which]:
-        yield
-        return
+    modules are built and loaded then (a warm plan's scope is a shared no-op)."""
+    return _NOTHING_TO_HOLD if plan.warm[which] else _first_run(plan, which)
+
+
+@contextlib.contextmanager
+def _first_run(plan: Any, which: int):
     with LOAD_LOCK:
         yield
         plan.warm[which] = True

@@ -72,8 +72,8 @@ def _cloud_metas(op: str, adapter: Any, arrays: dict[str, Any], features: str) -
     metas = {name: adapter.info(a) for name, a in arrays.items()}
     most = MAX_ROWS_DIM if op in ROWS_OPS else MAX_DIM
     for name, (dtype, shape, _) in metas.items():
-        want = _wanted(name, features).rsplit(" ", 1)[0]
         if len(shape) != 2 or (name != features and not 1 <= shape[1] <= most):
+            want = _wanted(name, features).rsplit(" ", 1)[0]
             more = (
                 ""
                 if op in ROWS_OPS or len(shape) != 2
