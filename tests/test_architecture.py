@@ -7,7 +7,9 @@
 - functions stay short; the neighbour-op kernels take few parameters, in files of a few
   hundred lines;
 - no process-wide hooks and no class swaps (an object's ``__class__`` assigned, another
-  module's attributes set) outside the few places that need one, each named below with why.
+  module's attributes set) outside the few places that need one, each named below with why;
+- an op's private attributes are read in ``_core/op.py`` alone, and validation sees a
+  signature, never the op.
 """
 
 import ast
@@ -293,6 +295,36 @@ def test_no_process_hooks_or_class_swaps_but_the_named_ones():
     assert ALLOWED_HOOKS - seen == set(), f"allowed but gone (drop them from the list): {sorted(ALLOWED_HOOKS - seen)}"
 
 
+def _op_private_reads(tree: ast.AST) -> set[str]:
+    """``op._x`` / ``self.op._x`` reads: an op's private attributes."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id == "op") or (
+                isinstance(owner, ast.Attribute) and owner.attr == "op"
+            ):
+                found.add(ast.unparse(node))
+    return found
+
+
+def _names_an_op(tree: ast.AST) -> set[str]:
+    """Parameters or names called ``op`` used as an object (``op.x``)."""
+    return {ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Attribute) and ast.unparse(n.value) == "op"}
+
+
+def test_an_ops_private_state_stays_in_the_op_and_validation_sees_only_the_signature():
+    reads = {
+        (_name(p), r)
+        for p in _files()
+        if _name(p) != "_core/op.py"
+        for r in _op_private_reads(ast.parse(p.read_text()))
+    }
+    assert not reads, f"an op's private attributes read outside _core/op.py: {sorted(reads)}"
+    uses = _names_an_op(ast.parse((PKG / "_core" / "validate.py").read_text()))
+    assert not uses, f"_core/validate.py reaches into an op: {sorted(uses)}"
+
+
 def test_the_rules_catch_a_violation(tmp_path):
     """The checks above can fail: imports of a framework, framework names, a cycle."""
     tree = ast.parse("import torch\nx = 'jax'\n")
@@ -304,3 +336,6 @@ def test_the_rules_catch_a_violation(tmp_path):
     assert not _cycles({"a": {"b"}, "b": set()})
     hooks = "import sys, atexit\nsys.setprofile(f)\natexit.register(g)\nx.__class__ = Y\ntorch.Tensor.add = h\n"
     assert _hooks(ast.parse(hooks)) == {"sys.setprofile", "atexit.register", "__class__", "torch.Tensor"}
+    peeks = ast.parse("op._packers[0](x)\nself.op._array_positions\nop.__class__\n_op._helper()\n")
+    assert _op_private_reads(peeks) == {"op._packers", "self.op._array_positions"}
+    assert _names_an_op(ast.parse("def f(op): op.check_arity(a)\n")) == {"op.check_arity"}

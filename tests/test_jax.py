@@ -242,8 +242,8 @@ def test_a_jitted_step_validates_its_callbacks_once(monkeypatch):
     x0 = rng().standard_normal(6)
     np.testing.assert_allclose(np.asarray(step(jnp.asarray(x0), jnp.asarray(y))), expected(x0, y))
     calls = []
-    real = validate.prepare
-    monkeypatch.setattr(validate, "prepare", lambda *a, **k: calls.append(a[0].name) or real(*a, **k))
+    real = validate.validate
+    monkeypatch.setattr(validate, "validate", lambda *a, **k: calls.append(a[0].name) or real(*a, **k))
     for seed in range(3):
         x = rng(seed + 5).standard_normal(6)
         np.testing.assert_allclose(np.asarray(step(jnp.asarray(x), jnp.asarray(y))), expected(x, y))

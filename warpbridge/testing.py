@@ -60,7 +60,7 @@ def check_op(
     sig = op.sig
     kw = {"launch_dims": launch_dims, "output_dims": output_dims}
     args = list(inputs)
-    op.check_arity(args)
+    op.sig.check_arity(args)
     chosen = _chosen_inputs(op, args)
     eps, atol, rtol = _tolerances(op.name, args, chosen, eps, atol, rtol)
 

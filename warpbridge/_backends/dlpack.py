@@ -28,7 +28,6 @@ import numpy as np
 import warp as wp
 
 from .._core import dtypes as _dtypes
-from .._core import validate as _validate
 from .._core import warp_runtime
 from .._core.backend import WarpArrays
 from .._core.errors import describe, fail
@@ -54,7 +53,7 @@ def is_producer(a: Any) -> bool:
 
 
 class _Warp(WarpArrays):
-    """What ``_validate.prepare`` validates against: the inputs as ``wp.array``."""
+    """What ``validate.validate`` checks: the inputs as ``wp.array``."""
 
     name = "dlpack"
     array_name = "array (DLPack, __cuda_array_interface__ or wp.array)"
@@ -143,7 +142,7 @@ def _need_cuda(op: Any, p: Any) -> None:
 
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     warp_runtime.ensure_init()
-    op.check_arity(args)
+    op.sig.check_arity(args)
     args = list(args)
     first = None
     for p in op.sig.array_inputs:
@@ -152,7 +151,7 @@ def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
             raise fail(op.name, f"argument '{p.name}' must be a {_Warp.array_name}, got {describe(a)}")
         first = a if first is None else first
         args[p.position] = _to_warp(op, p, a)
-    pr = _validate.prepare(op, args, launch_dims, output_dims, BACKEND)
+    pr = op.prepare(args, launch_dims, output_dims, BACKEND)
     device = wp.get_device(pr.device)
     stream = wp.get_stream(device) if device.is_cuda else None
     outs = _like(first, BACKEND.forward(pr.plan, pr.arrays, pr.scalars, device, stream), device)

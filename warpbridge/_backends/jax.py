@@ -35,7 +35,8 @@ from .._core import launch_function as _functions
 from .._core import validate as _validate
 from .._core import warp_runtime
 from .._core.backend import Backend, WarpArrays
-from .._core.errors import describe, fail
+from .._core.errors import fail
+from .._core.op import Prepared
 from .._core.signature import Param
 
 _MAX_CACHED = 256
@@ -81,46 +82,40 @@ def cast(a: Any, dtype_name: str) -> Any:
 
 
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
-    op.check_arity(args)
-    warp_runtime.ensure_init()
     sig = op.sig
-    arrays, layouts, scalars, avals = [], [], [], []
-    for p, a in zip(sig.inputs, args):
-        if not p.is_array:
-            if isinstance(a, jax.core.Tracer):
-                raise fail(
-                    op.name,
-                    f"scalar argument '{p.name}' is a traced JAX value; Warp needs it as a static Python number. "
-                    "Pass it as a static argument (jax.jit(f, static_argnums=...)) or close over it",
-                )
-            op._packers[len(scalars)](a)  # the same validation as every framework's
-            scalars.append(a.item() if isinstance(a, np.generic) else a)
-            continue
-        if not _is_array(a):
-            raise fail(op.name, f"argument '{p.name}' must be a jax.Array ({p.describe_type()}), got {describe(a)}")
-        dtype = np.dtype(a.dtype)
-        shape = tuple(int(s) for s in a.shape)
-        strides = _dtypes.contiguous_strides(shape, dtype.itemsize)  # JAX arrays are always dense
-        wshape, _ = _validate.check_array(op.name, p, _validate.ArrayArg(0, dtype.name, shape, strides))
-        arrays.append(a)
-        layouts.append(wshape)
-        avals.append((shape, dtype.name))
-    ld, od = op.dims(launch_dims, output_dims, _validate.input_values(sig, args, layouts))
-    launch, out_shapes = _validate.resolve_dims(op.name, sig, layouts[0] if layouts else None, ld, od)
-    _validate.check_bounds(op.name, sig, [(s, ()) for s in layouts], launch, out_shapes)
+    sig.check_arity(args)
+    _refuse_traced_scalars(op, args)
+    warp_runtime.ensure_init()
+    v = _validate.validate(sig, args, BACKEND)  # the same checks as every framework's
+    shapes = [shape for shape, _ in v.layouts]
+    scalars = tuple(a.item() if isinstance(a, np.generic) else a for a in v.values)
+    ld, od = op.dims(launch_dims, output_dims, _validate.input_values(sig, args, shapes))
+    launch, out_shapes = _validate.resolve_dims(op.name, sig, shapes[0] if shapes else None, ld, od)
+    _validate.check_bounds(op.name, sig, [(s, ()) for s in shapes], launch, out_shapes)
     # vmap_method="broadcast_all" folds a jax.vmap batch into the launch (Warp's FFI merges
     # the batch dims into the first dimension), which needs dims that follow the first
     # array; with explicit dims, or any other method, jax.vmap runs sequentially.
-    fold = op.vmap_method == "broadcast_all" and ld is None and od is None and bool(layouts)
-    key = (launch, out_shapes, tuple(scalars), tuple(avals), fold)
+    fold = op.vmap_method == "broadcast_all" and ld is None and od is None and bool(shapes)
+    avals = tuple((tuple(a.shape), np.dtype(a.dtype).name) for a in v.arrays)
+    key = (launch, out_shapes, scalars, avals, fold)
     cache = BACKEND.state(op).setdefault("fns", {})
     fn = cache.get(key)
     if fn is None:
         if len(cache) >= _MAX_CACHED:
             cache.clear()
-        fn = cache[key] = _build(op, launch, out_shapes, tuple(scalars), tuple(layouts), fold)
-    outs = fn(*arrays)
+        fn = cache[key] = _build(op, launch, out_shapes, scalars, tuple(shapes), fold)
+    outs = fn(*v.arrays)
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _refuse_traced_scalars(op: Any, args: tuple) -> None:
+    for p, a in zip(op.sig.inputs, args):
+        if not p.is_array and isinstance(a, jax.core.Tracer):
+            raise fail(
+                op.name,
+                f"scalar argument '{p.name}' is a traced JAX value; Warp needs it as a static Python number. "
+                "Pass it as a static argument (jax.jit(f, static_argnums=...)) or close over it",
+            )
 
 
 def _is_array(a: Any) -> bool:
@@ -165,12 +160,12 @@ def _preparer(op: Any, scalars: tuple, ld: Any, od: Any) -> Any:
     once (where preparing made no copy, the layout alone decides)."""
     validated: dict = {}  # the arrays' layouts -> (plan, scalars, device)
 
-    def prepared(a_in: Sequence[wp.array]) -> _validate.Prepared:
+    def prepared(a_in: Sequence[wp.array]) -> Prepared:
         key = tuple([(a.shape, a.strides, a.dtype) for a in a_in])
         hit = validated.get(key)
         if hit is not None:
-            return _validate.Prepared(hit[0], hit[1], list(a_in), hit[2])
-        pr = _validate.prepare(op, _merge(op.sig, list(a_in), scalars), ld, od, _WARP)
+            return Prepared(hit[0], hit[1], list(a_in), hit[2])
+        pr = op.prepare(_merge(op.sig, list(a_in), scalars), ld, od, _WARP)
         if all(x is y for x, y in zip(pr.arrays, a_in)):
             if len(validated) >= _MAX_CACHED:
                 validated.clear()
@@ -285,6 +280,19 @@ class JaxBackend(Backend):
 
     name = "jax"
     array_name = "jax.Array"
+    default_device = None  # JAX places a callback with its arrays
+
+    @staticmethod
+    def is_array(a: Any) -> bool:
+        return _is_array(a)
+
+    @staticmethod
+    def meta(a: Any) -> tuple:
+        """A JAX array is always dense: (dtype name, shape, element strides, itemsize, device),
+        the device left to JAX (None)."""
+        dtype = np.dtype(a.dtype)
+        shape = tuple(int(s) for s in a.shape)
+        return dtype.name, shape, _dtypes.contiguous_strides(shape, 1), dtype.itemsize, None
 
     call = staticmethod(call)
     info = staticmethod(info)

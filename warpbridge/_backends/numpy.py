@@ -8,7 +8,6 @@ import numpy as np
 import warp as wp
 
 from .._core import dtypes as _dtypes
-from .._core import validate as _validate
 from .._core.backend import Backend
 from .._core.errors import fail
 
@@ -83,7 +82,7 @@ class NumPyBackend(Backend):
             a = args[p.position] if p.position < len(args) else None
             if isinstance(a, np.ndarray) and any(s < 0 or s % max(a.itemsize, 1) for s in a.strides):
                 raise fail(op.name, f"argument '{p.name}' has negative or unaligned strides {a.strides}; pass a copy")
-        pr = _validate.prepare(op, args, launch_dims, output_dims, self)
+        pr = op.prepare(args, launch_dims, output_dims, self)
         outs = self.forward(pr.plan, pr.arrays, pr.scalars, "cpu", None)
         return outs[0] if len(outs) == 1 else tuple(outs)
 

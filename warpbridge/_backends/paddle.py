@@ -16,9 +16,9 @@ import warp as wp
 from paddle.autograd import PyLayer
 
 from .._core import gradients as _gradients
-from .._core import validate as _validate
 from .._core.backend import Backend
 from .._core.errors import fail
+from .._core.op import Prepared
 
 DTYPE_NAMES = {
     paddle.float16: "float16",
@@ -130,7 +130,7 @@ def _stream(device: str) -> Any:
     return wp.stream_from_paddle(device)
 
 
-def _forward(op: Any, pr: _validate.Prepared) -> list:
+def _forward(op: Any, pr: Prepared) -> list:
     return BACKEND.forward(pr.plan, pr.arrays, pr.scalars, pr.device, _stream(pr.device))
 
 
@@ -148,7 +148,7 @@ class _Apply(PyLayer):
     """One autograd node per call; inputs saved with ``save_for_backward``."""
 
     @staticmethod
-    def forward(ctx: Any, op: Any, pr: _validate.Prepared, *tensors: paddle.Tensor) -> Any:
+    def forward(ctx: Any, op: Any, pr: Prepared, *tensors: paddle.Tensor) -> Any:
         outs = _forward(op, pr)
         ctx.op, ctx.pr = op, pr._replace(arrays=[])  # the plan and scalars; tensors are saved below
         ctx.n_inputs = len(tensors)
@@ -183,7 +183,7 @@ class _Apply(PyLayer):
 
 
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
-    pr = _validate.prepare(op, args, launch_dims, output_dims, _Paddle)
+    pr = op.prepare(args, launch_dims, output_dims, _Paddle)
     # no node where no output carries a gradient (Paddle would call its backward all the same)
     needs = (
         paddle.is_grad_enabled()

@@ -29,7 +29,7 @@ class Backend:
     default_device: Any = "cpu"  # where an op with no array input runs
     array_types: tuple = ()  # its arrays' usual types, known to the registry when it loads
 
-    # -- arrays: what validation (_validate.prepare) and the gradient rules (_gradients) use --
+    # -- arrays: what validation (_validate.validate) and the gradient rules (_gradients) use --
 
     def is_array(self, a: Any) -> bool:
         raise NotImplementedError

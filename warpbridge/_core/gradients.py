@@ -15,7 +15,7 @@ from .dtypes import HALF_BITS, WARP_TYPES
 from .errors import fail
 from .plan import Plan
 from .signature import Param
-from .validate import inner_contiguous
+from .validate import inner_contiguous, packers
 
 
 def needs_outputs(op: Any) -> bool:
@@ -265,7 +265,7 @@ def _custom_backward(
                 for p, v in zip((q for q in sig.inputs if not q.is_array), scalars)
             ]
             if bplan.takes_values
-            else [pack(v) for pack, v in zip(op._packers, scalars)]
+            else [pack(v) for pack, v in zip(packers(sig), scalars)]
         )
     if cb.takes_needs:
         keywords = {"needs_input_grad": tuple(w for p, w in zip(sig.array_inputs, wanted) if p.differentiable)}

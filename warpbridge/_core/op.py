@@ -15,7 +15,7 @@ import threading
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any, TypedDict, overload
+from typing import Any, NamedTuple, TypedDict, overload
 
 import warp as wp
 
@@ -41,6 +41,17 @@ from .signature import GENERIC, Signature, bind_generic
 MAX_CACHED = 256
 # How torch.vmap (and, for broadcast_all, jax.vmap) batch an op; see warpbridge/_torch/_func.py.
 VMAP_METHODS = ("sequential", "expand_dims", "broadcast_all")
+
+
+class Prepared(NamedTuple):
+    """A validated call (``WarpOp.prepare``): the plan, the scalars as the plan takes them, the
+    arrays (made inner-contiguous where needed) and the framework's device. Adapters pass
+    ``arrays`` on; nothing here keeps them."""
+
+    plan: _plan.Plan
+    scalars: tuple
+    arrays: list
+    device: Any
 
 
 class WarpOp:
@@ -96,16 +107,12 @@ class WarpOp:
         self.block_dim, self.tiled = _blocks(name, self.sig, block_dim, tiled)
         self.launch_dims = _validate.normalize_dims(name, "launch_dims", launch_dims)
         self.output_dims = _validate.normalize_output_dims(name, self.sig, output_dims)
-        self._packers = tuple(_validate.make_scalar_packer(name, p) for p in self.sig.inputs if not p.is_array)
-        self._scalar_packers = tuple(zip(self._packers, (p.position for p in self.sig.inputs if not p.is_array)))
         self._plans: dict[Any, _plan.Plan] = {}
         self.states: defaultdict[str, dict] = defaultdict(dict)  # per backend: caches, registrations
         # What every call reads, derived once: the array inputs that take gradients, the
         # outputs that carry them (_set_backward derives the rest)
         self.differentiable_arrays = tuple(k for k, p in enumerate(self.sig.array_inputs) if p.differentiable)
         self.float_outputs = tuple(p.carries_grad for p in self.sig.outputs)
-        self._array_positions = tuple(p.position for p in self.sig.array_inputs)
-        self._dims_from_inputs = callable(self.output_dims)
         self._indexed = tuple(p for p in self.sig.inputs if p.indexed)
         self._handles = tuple(p.position for p in self.sig.inputs if not p.is_array and p.dtype_name == "uint64")
         self._lock = threading.Lock()
@@ -421,11 +428,14 @@ class WarpOp:
 
     # -- framework-neutral helpers for the adapters ---------------------------------------
 
-    def check_arity(self, args: tuple) -> None:
-        n = len(self.sig.inputs)
-        if len(args) != n:
-            names = ", ".join(p.name for p in self.sig.inputs)
-            raise fail(self.name, f"expected {n} input(s) ({names}), got {len(args)}")
+    def prepare(self, args: Sequence[Any], launch_dims: Any, output_dims: Any, fw: Any) -> Prepared:
+        """Validate the call ``args`` through a framework description ``fw``
+        (``_validate.validate``) and find its plan."""
+        v = _validate.validate(self.sig, args, fw)
+        inputs = _validate.input_values(self.sig, args, [shape for shape, _ in v.layouts])
+        ld, od = self.dims(launch_dims, output_dims, inputs)
+        plan = self.plan(fw.warp_device, v.device, v.layouts, ld, od)
+        return Prepared(plan, v.values if plan.takes_values else v.packed, v.arrays, v.device)
 
     def dims(self, launch_dims: Any, output_dims: Any, inputs: Any = None) -> tuple[Any, Any]:
         """Per-call dims take precedence over the ones given at construction. A callable
@@ -575,7 +585,7 @@ def _adapter(op: WarpOp, args: tuple) -> Any:
     """The backend of the call's arrays (an attribute read per array once their types are
     known: see ``_backends.registry.BY_TYPE_NAME``)."""
     mod = None
-    for i in op._array_positions:
+    for i in op.sig.array_positions:
         if i >= len(args):
             break
         t = type(args[i])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ import warp as wp
 
 from . import adjoint_check as _adjoint
 from . import ties as _ties
-from .errors import WarpBridgeError
+from .errors import WarpBridgeError, fail
 from .warp_runtime import is_struct
 
 # Warp scalar types by the framework-neutral names that adapters map to their dtypes.
@@ -124,6 +124,8 @@ class Signature:
         self.grad_outputs = tuple(p for p in self.outputs if p.carries_grad)
         self.visible = tuple(j for j, p in enumerate(self.outputs) if not p.aux)  # what a call returns
         self.array_inputs = tuple(p for p in self.inputs if p.is_array)
+        self.array_positions = tuple(p.position for p in self.array_inputs)  # in a call's arguments
+        self.scalar_positions = tuple(p.position for p in self.inputs if not p.is_array)
         # (array input index, output index) of each in_out parameter
         self.in_out_pairs = tuple(
             (k, j)
@@ -220,6 +222,13 @@ class Signature:
     @property
     def target(self) -> Any:
         return self.kernel if self.kind == "kernel" else self.func
+
+    def check_arity(self, args: Sequence[Any]) -> None:
+        """Raise unless ``args`` has one argument per input."""
+        n = len(self.inputs)
+        if len(args) != n:
+            names = ", ".join(p.name for p in self.inputs)
+            raise fail(self.name, f"expected {n} input(s) ({names}), got {len(args)}")
 
 
 def _names(name: str, what: str, value: Any) -> tuple[str, ...]:

@@ -1,22 +1,21 @@
 """Validation of a call before anything launches: arrays against the signature, scalars
 packed and range-checked, launch and output dims resolved (from a callable too), bounds of
-thread-indexed arrays; ``prepare`` does it all through a backend and returns the plan."""
+thread-indexed arrays. ``validate`` checks a call against its signature through a framework
+description, the same for every framework; the op turns a validated call into a plan."""
 
 from __future__ import annotations
 
 import math
 import operator
+import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from .dtypes import HALF_BITS, ITEMSIZE, contiguous_strides
 from .errors import describe as describe_value
 from .errors import fail
 from .signature import GENERIC, STRUCT, Param, Signature
 from .warp_runtime import struct_arrays
-
-if TYPE_CHECKING:
-    from .plan import Plan
 
 _MAX_DIMS = 4
 _INT32_MAX = 2**31 - 1
@@ -336,65 +335,79 @@ def check_strides(op: str, p: Param, shape: Sequence[int], strides: Sequence[int
         raise fail(op, f"argument '{p.name}' is too large for Warp's 32-bit shapes/strides: shape {tuple(shape)}")
 
 
-class Prepared(NamedTuple):
-    """A validated call: the plan, packed scalars, the arrays (made inner-contiguous where
-    needed) and the framework's device. Adapters pass ``arrays`` on; nothing here keeps them."""
+class Validated(NamedTuple):
+    """A call checked against its signature (``validate``): nothing here keeps the arrays."""
 
-    plan: Plan
-    scalars: tuple
-    arrays: list
-    device: Any
+    arrays: list  #: the array inputs, made inner-contiguous where Warp needs it
+    layouts: tuple  #: each array's (Warp shape, Warp byte strides)
+    values: tuple  #: the scalar arguments as given
+    packed: tuple  #: the scalar arguments checked and packed for the kernel
+    device: Any  #: the framework's device of the arrays (``fw.default_device`` without any)
 
 
-def prepare(op: Any, args: Sequence[Any], launch_dims: Any, output_dims: Any, fw: Any) -> Prepared:
-    """Validate ``args`` for ``op`` through a framework description ``fw``.
+# each signature's scalar packers (make_scalar_packer), made on its first call
+_PACKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    ``fw`` provides: ``name``; ``is_array(a)``; ``meta(a) -> (dtype name or None, shape,
-    element strides, itemsize, device)``; ``contiguous(a)``; ``warp_device(device)``.
+
+def packers(sig: Signature) -> tuple:
+    """A checker-packer for each scalar input of ``sig``, in order (``make_scalar_packer``)."""
+    found = _PACKERS.get(sig)
+    if found is None:
+        found = _PACKERS[sig] = tuple(make_scalar_packer(sig.name, p) for p in sig.inputs if not p.is_array)
+    return found
+
+
+def validate(sig: Signature, args: Sequence[Any], fw: Any) -> Validated:
+    """Check the call ``args`` against ``sig`` through a framework description ``fw``, every
+    framework the same way; raise the first problem, naming the argument.
+
+    ``fw`` provides: ``array_name``; ``is_array(a)``; ``unsupported(a)`` (a reason or None);
+    ``values(a)``; ``meta(a) -> (dtype name or None, shape, element strides, itemsize,
+    device)``; ``contiguous(a)``; ``default_device``.
     """
-    op.check_arity(args)
-    sig = op.sig
+    sig.check_arity(args)
     arrays, layouts, packed, values = [], [], [], []
-    device = None
+    device, scalar_packers = None, packers(sig)
     for p, a in zip(sig.inputs, args):
         if not p.is_array:
-            packed.append(op._packers[len(values)](a))  # checked (exact or refused) and packed
+            packed.append(scalar_packers[len(values)](a))  # checked (exact or refused) and packed
             values.append(a)
             continue
-        if not fw.is_array(a):
-            raise fail(
-                op.name, f"argument '{p.name}' must be a {fw.array_name} ({p.describe_type()}), got {describe_value(a)}"
-            )
-        problem = fw.unsupported(a)
-        if problem:
-            raise fail(
-                op.name,
-                f"argument '{p.name}' is {problem}; warpbridge hands Warp plain strided memory: pass a dense array "
-                "on a real device",
-            )
-        a = fw.values(a)  # a view whose memory does not hold its values (a negative or conjugate bit)
-        dtype_name, shape, strides, itemsize, dev = fw.meta(a)
-        if device is None:
-            device = dev
-        elif dev != device:
-            raise fail(op.name, f"all arrays must be on one device: argument '{p.name}' is on {dev}, expected {device}")
-        if dtype_name is None:
-            raise fail(
-                op.name, f"argument '{p.name}' has dtype {a.dtype}, which Warp cannot use; expected {p.dtype_name}"
-            )
-        if (p.inner_shape and len(shape) == p.tensor_ndim and not inner_contiguous(p, shape, strides)) or (
-            p.name in sig.layout_grads and tuple(strides) != contiguous_strides(shape, 1)
-        ):
-            # Warp needs packed vector/matrix elements (outer dims may stride); an array whose
-            # adjoint addresses its gradient at its own layout must have the gradient's
-            a = fw.contiguous(a)
-            dtype_name, shape, strides, itemsize, dev = fw.meta(a)
-        wshape, wstrides = check_array(op.name, p, ArrayArg(0, dtype_name, shape, tuple(s * itemsize for s in strides)))
-        check_strides(op.name, p, wshape, wstrides)
+        a, layout, device = _checked_array(sig, p, a, fw, device)
         arrays.append(a)
-        layouts.append((wshape, wstrides))
-    if device is None:
-        device = fw.default_device
-    ld, od = op.dims(launch_dims, output_dims, input_values(sig, args, [s for s, _ in layouts]))
-    plan = op.plan(fw.warp_device, device, tuple(layouts), ld, od)
-    return Prepared(plan, tuple(values if plan.takes_values else packed), arrays, device)
+        layouts.append(layout)
+    return Validated(
+        arrays, tuple(layouts), tuple(values), tuple(packed), fw.default_device if device is None else device
+    )
+
+
+def _checked_array(sig: Signature, p: Param, a: Any, fw: Any, device: Any) -> tuple:
+    """(the array as Warp takes it, its (Warp shape, byte strides), its device), which must be
+    ``device`` unless that is None (the first array)."""
+    if not fw.is_array(a):
+        raise fail(
+            sig.name, f"argument '{p.name}' must be a {fw.array_name} ({p.describe_type()}), got {describe_value(a)}"
+        )
+    problem = fw.unsupported(a)
+    if problem:
+        raise fail(
+            sig.name,
+            f"argument '{p.name}' is {problem}; warpbridge hands Warp plain strided memory: pass a dense array "
+            "on a real device",
+        )
+    a = fw.values(a)  # a view whose memory does not hold its values (a negative or conjugate bit)
+    dtype_name, shape, strides, itemsize, dev = fw.meta(a)
+    if device is not None and dev != device:
+        raise fail(sig.name, f"all arrays must be on one device: argument '{p.name}' is on {dev}, expected {device}")
+    if dtype_name is None:
+        raise fail(sig.name, f"argument '{p.name}' has dtype {a.dtype}, which Warp cannot use; expected {p.dtype_name}")
+    if (p.inner_shape and len(shape) == p.tensor_ndim and not inner_contiguous(p, shape, strides)) or (
+        p.name in sig.layout_grads and tuple(strides) != contiguous_strides(shape, 1)
+    ):
+        # Warp needs packed vector/matrix elements (outer dims may stride); an array whose
+        # adjoint addresses its gradient at its own layout must have the gradient's
+        a = fw.contiguous(a)
+        dtype_name, shape, strides, itemsize, dev = fw.meta(a)
+    wshape, wstrides = check_array(sig.name, p, ArrayArg(0, dtype_name, shape, tuple(s * itemsize for s in strides)))
+    check_strides(sig.name, p, wshape, wstrides)
+    return a, (wshape, wstrides), dev

@@ -75,7 +75,7 @@ def warp_stream(device: torch.device) -> Any:
 
 
 class _Torch(Backend):
-    """The torch backend's array side (what ``_validate.prepare`` and the gradient rules use);
+    """The torch backend's array side (what ``_validate.validate`` and the gradient rules use);
     :class:`TorchBackend` below adds the calls and hooks."""
 
     name = "torch"
@@ -178,7 +178,7 @@ class Call(NamedTuple):
 
 def prepare(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dims: Any) -> tuple[Call, list[torch.Tensor]]:
     """Validate ``args``; return the call and the array inputs (made inner-contiguous)."""
-    pr = _validate.prepare(op, args, launch_dims, output_dims, _Torch)
+    pr = op.prepare(args, launch_dims, output_dims, _Torch)
     return Call(op, pr.plan, pr.scalars, pr.device), pr.arrays
 
 
@@ -190,7 +190,7 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
     again. Anything unusual (wrong arity, non-tensors, unhashable dims) takes the full path,
     which raises the precise error.
     """
-    positions = op._array_positions
+    positions, scalar_positions = op.sig.array_positions, op.sig.scalar_positions
     if len(args) == len(op.sig.inputs):
         try:
             # The adapter was chosen from these arguments' types, so they are torch types:
@@ -200,18 +200,17 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
                 output_dims,
                 *[(t.dtype, t.shape, t.stride(), t.device, t.is_neg()) for t in map(args.__getitem__, positions)],
             )
-            if op._dims_from_inputs or callable(output_dims):  # output shapes may depend on the scalars too
-                key += tuple([args[i] for _, i in op._scalar_packers])
+            if callable(op.output_dims) or callable(output_dims):  # output shapes may depend on the scalars too
+                key += tuple([args[i] for i in scalar_positions])
             entry = op.states["torch"].get("fast", _NO_CALLS).get(key)
         except (AttributeError, TypeError, RuntimeError):  # RuntimeError: a sparse tensor has no strides
             key = entry = None
         if entry is not None:
             plan, device = entry
             scalars = ()
-            if op._scalar_packers:
-                scalars = tuple([pack(args[i]) for pack, i in op._scalar_packers])  # checked, packed
-                if plan.takes_values:
-                    scalars = tuple([args[i] for _, i in op._scalar_packers])
+            if scalar_positions:
+                packed = [pack(args[i]) for pack, i in zip(_validate.packers(op.sig), scalar_positions)]  # checked
+                scalars = tuple([args[i] for i in scalar_positions] if plan.takes_values else packed)
             return Call(op, plan, scalars, device), [args[i] for i in positions]
     else:
         key = None

@@ -104,9 +104,9 @@ def sequential(batch: int, in_dims: Sequence, xs: Sequence, fn: Callable[[list],
 def call(op: Any, args: tuple, launch_dims: Any, output_dims: Any) -> Any:
     """A call of ``op`` while a torch.func transform is active: its :class:`OpRule` on the
     wrapped tensors."""
-    op.check_arity(args)
+    op.sig.check_arity(args)
     rule = OpRule(op, args, launch_dims, output_dims)
-    outs = _Forward.apply(rule, *[args[i] for i in op._array_positions])
+    outs = _Forward.apply(rule, *[args[i] for i in op.sig.array_positions])
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -217,7 +217,7 @@ class OpRule(Rule):
     def __init__(self, op: Any, args: Sequence[Any], launch_dims: Any, output_dims: Any):
         self.op, self.name = op, op.name
         self.args = list(args)
-        for i in op._array_positions:
+        for i in op.sig.array_positions:
             self.args[i] = None  # the tensors travel through the Functions, not in the rule
         self.ld, self.od = launch_dims, output_dims
         self.float_outputs = op.float_outputs
@@ -225,7 +225,7 @@ class OpRule(Rule):
 
     def _args(self, tensors: Sequence[torch.Tensor]) -> list:
         args = list(self.args)
-        for i, t in zip(self.op._array_positions, tensors):
+        for i, t in zip(self.op.sig.array_positions, tensors):
             args[i] = t
         return args
 

@@ -100,7 +100,7 @@ class _Registered:
 
     def _fake_shapes(self, inputs: tuple, ld: Any, od: Any) -> tuple[tuple, torch.device]:
         op = self.op
-        op.check_arity(inputs)
+        op.sig.check_arity(inputs)
         first, device, shapes = None, torch.device("cpu"), []
         for p in op.sig.array_inputs:
             a = inputs[p.position]
