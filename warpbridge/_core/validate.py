@@ -357,6 +357,13 @@ def packers(sig: Signature) -> tuple:
     return found
 
 
+def scalars_of(sig: Signature, args: Sequence[Any]) -> tuple[tuple, tuple]:
+    """A call's scalar arguments as given, and checked and packed (``packers``): all a warm
+    call whose arrays' layouts were validated before still needs checking."""
+    values = tuple([args[i] for i in sig.scalar_positions])
+    return values, tuple([pack(v) for pack, v in zip(packers(sig), values)])
+
+
 def validate(sig: Signature, args: Sequence[Any], fw: Any) -> Validated:
     """Check the call ``args`` against ``sig`` through a framework description ``fw``, every
     framework the same way; raise the first problem, naming the argument.

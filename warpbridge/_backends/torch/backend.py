@@ -209,8 +209,8 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
             plan, device = entry
             scalars = ()
             if scalar_positions:
-                packed = [pack(args[i]) for pack, i in zip(_validate.packers(op.sig), scalar_positions)]  # checked
-                scalars = tuple([args[i] for i in scalar_positions] if plan.takes_values else packed)
+                values, packed = _validate.scalars_of(op.sig, args)  # checked
+                scalars = values if plan.takes_values else packed
             return Call(op, plan, scalars, device), [args[i] for i in positions]
     else:
         key = None
