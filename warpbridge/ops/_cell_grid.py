@@ -169,8 +169,8 @@ def _sorted_by_bin(k, bin_id: np.ndarray, bins: int) -> tuple:
 
 
 def _padded_rows(points: np.ndarray) -> np.ndarray:
-    """(3, N + 8): the points' x, y and z as rows, then 8 columns of inf that no pair takes (a
-    walk reads its bins 8 atoms at a time)."""
-    rows = np.full((3, len(points) + 8), np.inf)
+    """(3, N + 16): the points' x, y and z as rows, then 16 columns of inf that no pair takes (a
+    walk reads its bins 16 atoms at a time)."""
+    rows = np.full((3, len(points) + 16), np.inf)
     rows[:, : len(points)] = points.T
     return rows

@@ -48,16 +48,18 @@ class Grid:
 # (sx, sy, sz) and `base` = the shift in the cell minus x_i; RESULT is what it returns.
 _WALK = native("cells_walk.h")
 
-# The pairs with the atoms of one bin: each visited in turn (fill: VISIT runs for each (t, j, s,
-# D, d2) with d2 < cut2, not i itself unshifted, and with `full` == 0 only the half the half-list
-# rule keeps: i < j, or for an atom's own image the shift whose first non-zero component is
-# positive), or counted in one loop that vectorises (count: 8.0 -> 4.9 ms at 10^4 atoms).
-_EACH = native("cells_each.h")
-_COUNT_BIN = native("cells_count_bin.h")
+# The pairs with the atoms of one bin, G atoms at a time (`cells_group.h`, which both passes
+# share): each visited in turn (fill: VISIT runs for each (t, j, s, D, d2) with d2 < cut2, not
+# i itself unshifted, and with `full` == 0 only the half the half-list rule keeps: i < j, or
+# for an atom's own image the shift whose first non-zero component is positive), or counted
+# (a full list's by the bits set).
+_GROUP = native("cells_group.h")
+_EACH = native("cells_each.h").replace("GROUP_BITS", _GROUP)
+_COUNT_BIN = native("cells_count_bin.h").replace("GROUP_BITS", _GROUP)
 _COUNT = "int count = 0;\n" + _WALK.replace("RESULT", "count").replace("INNER", _COUNT_BIN)
 
 # fill: the walk gathers a row of up to ROW pairs (its length is known from the count) in local
-# arrays, 8 candidates of a bin at a time (their distances vectorise), buckets them by squared
+# arrays, G candidates of a bin at a time (their distances vectorise), buckets them by squared
 # distance (stable), sorts the buckets by insertion (ties keep the walk's order) and writes the
 # row in order. A longer row is written in the walk's order and sorted in place by insertion.
 _FILL_START = native("cells_fill_start.h")

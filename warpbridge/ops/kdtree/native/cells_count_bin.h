@@ -1,11 +1,26 @@
 
 const double bx = base[0], by = base[1], bz = base[2];
 const bool own = unshifted, later = first_shift > 0;
-int in_bin = 0;
-for (int t = B[bin]; t < B[bin + 1]; ++t) {
-    const double dx = X[t] + bx, dy = Y[t] + by, dz = Z[t] + bz;
-    const int j = A[t];
-    const bool kept = (bool)full | (i < j) | ((i == j) & later);
-    in_bin += (dx * dx + dy * dy + dz * dz < cut2) & kept & !((j == i) & own);
+const int end = B[bin + 1];
+for (int t0 = B[bin]; t0 < end; t0 += G) {  // the fill's groups, counted
+    GROUP_BITS
+    if (full) {
+#if defined(__CUDA_ARCH__)
+        count += __popc(bits);
+#else
+        count += __builtin_popcount(bits);
+#endif
+        continue;
+    }
+    while (bits) {
+#if defined(__CUDA_ARCH__)
+        const int t = t0 + __ffs(bits) - 1;
+#else
+        const int t = t0 + __builtin_ctz(bits);
+#endif
+        bits &= bits - 1u;
+        const int j = A[t];
+        count += (i < j) | ((i == j) & later);  // never i itself unshifted (later is false there)
+    }
 }
-count += in_bin;
+count -= (int)(full && own && pi >= B[bin] && pi < end && cut2 > 0.0);  // i itself (distance 0), in its bin unshifted

@@ -2,13 +2,8 @@
 const double bx = base[0], by = base[1], bz = base[2];
 const bool own = unshifted, later = first_shift > 0;
 const int end = B[bin + 1];
-for (int t0 = B[bin]; t0 < end; t0 += 8) {  // 8 at a time: the distances vectorise (the rows are padded)
-    unsigned bits = 0;
-    for (int u = 0; u < 8; ++u) {
-        const double dx = X[t0 + u] + bx, dy = Y[t0 + u] + by, dz = Z[t0 + u] + bz;
-        bits |= (unsigned)(dx * dx + dy * dy + dz * dz < cut2) << u;
-    }
-    bits &= end - t0 < 8 ? (1u << (end - t0)) - 1u : 0xffu;
+for (int t0 = B[bin]; t0 < end; t0 += G) {  // G at a time (the rows are padded)
+    GROUP_BITS
     while (bits) {
 #if defined(__CUDA_ARCH__)
         const int t = t0 + __ffs(bits) - 1;

@@ -1,4 +1,5 @@
 
+n = n < expected ? n : expected;
 if (local) {  // bucketed by distance (stable), then insertion-sorted: the buckets leave few moves
     constexpr int NB = 64;
     const double scale = NB / cut2;

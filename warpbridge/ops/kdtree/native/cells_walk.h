@@ -8,6 +8,11 @@ const int stride_xyz = (int)(grid.xyz.strides[0] / sizeof(double));
 const double* __restrict__ Y = X + stride_xyz;
 const double* __restrict__ Z = Y + stride_xyz;
 const double cut2 = grid.cut2;
+#if defined(__CUDA_ARCH__)
+constexpr int G = 8;  // a bin's atoms tested at a time (cells_group.h)
+#else
+constexpr int G = 16;
+#endif
 const int full = grid.full;
 const int pi = *wp::address(place, i);
 const wp::vec3d xi(X[pi], Y[pi], Z[pi]);
