@@ -1,14 +1,14 @@
 
 n = n < expected ? n : expected;
-if (local) {  // bucketed by distance (stable), then insertion-sorted: the buckets leave few moves
-    constexpr int NB = 64;
-    const double scale = NB / cut2;
+if (local) {  // bucketed (stable), then insertion-sorted: the buckets leave few moves
+    constexpr int NB = 128;
+    const double scale = NB / (cut2 * wp::sqrt(cut2));  // by d^3: about as many pairs in each bucket
     int start[NB + 1] = {0}, perm[ROW];
     unsigned char key[ROW];
     for (int t = 0; t < n; ++t) {
-        const int kt = (int)(row_d[t] * scale);
-        key[t] = (unsigned char)(kt < NB - 1 ? kt : NB - 1);
         row_r[t] = wp::sqrt(row_d[t]);
+        const int kt = (int)(row_d[t] * row_r[t] * scale);
+        key[t] = (unsigned char)(kt < NB - 1 ? kt : NB - 1);
     }
     for (int t = 0; t < n; ++t) ++start[key[t] + 1];
     for (int c = 0; c < NB; ++c) start[c + 1] += start[c];
