@@ -21,7 +21,7 @@ Each node keeps the exact bounding box of its points and the smallest original i
 them.
 
 Searches are depth-first: the radius passes share one walk whose state is a node
-(``geometry.leaf_from``), the kNN search keeps the farther child on a stack. A node is skipped only when no point in it
+(``geometry.ball_first``/``ball_next``, native), the kNN search keeps the farther child on a stack. A node is skipped only when no point in it
 can matter: its squared distance is certainly beyond the bound (a relative margin covers the
 rounding of squares, so no square root is needed), or, for kNN, its distance is exactly at
 the k-th and all its indices are larger (ties go to the smaller index, which keeps duplicated

@@ -27,7 +27,8 @@ def norm(v: V) -> T:
     # |v| without overflow or underflow: squares of coordinates beyond ~1e19 overflow float32
     # and those below ~1e-19 underflow, so such vectors are scaled first. The common path is
     # sqrt(dot(v, v)): for a box gap and a point difference in the normal range it is
-    # monotone, which the searches' pruning relies on (see box_gap2).
+    # monotone, which the searches' pruning relies on (a box's gap is never farther than a point
+    # inside it).
     d2 = wp.dot(v, v)
     if d2 < T(wp.inf) and d2 >= T(1e-30):
         return wp.sqrt(d2)
@@ -50,37 +51,11 @@ def unit_of(diff: V, d: T) -> V:
 
 
 @func
-def box_distance(q: V, lo: V, hi: V) -> T:
-    # Per axis, the gap to [lo, hi] is at most |q - p| for any p inside, exactly (rounding is
-    # monotone); so is the norm. An empty box (lo = +inf) is infinitely far.
-    return norm(wp.max(wp.max(lo - q, q - hi), V(T(0.0))))
-
-
-@func
-def box_gap2(q: V, lo: V, hi: V) -> T:
-    # The squared distance to a box (inf when it overflows, 0 when it underflows): for
-    # ordering, and for certain rejections against sq_bound.
-    g = wp.max(wp.max(lo - q, q - hi), V(T(0.0)))
-    return wp.dot(g, g)
-
-
-@func
 def sq_bound(limit: T) -> T:
     # A squared distance above this is certainly farther than `limit`, rounding of the squares
     # (and their underflow) included: a sqrt is only needed at or below it. It is inf when
-    # limit**2 overflows; then only an exact comparison can reject (near_box).
+    # limit**2 overflows; then only an exact comparison can reject.
     return limit * limit * T(1.0001) + T(1e-30)
-
-
-@func
-def near_box(q: V, lo: V, hi: V, reach: T, radius: T) -> bool:
-    # False only if no point of the box can be within `radius` of q (reach = sq_bound).
-    g2 = box_gap2(q, lo, hi)
-    if g2 > reach:
-        return False
-    if reach < T(wp.inf):
-        return True
-    return box_distance(q, lo, hi) <= radius * T(1.00001)  # huge radius: with a margin
 
 
 @func
@@ -93,27 +68,9 @@ def levels(leaves: int) -> int:
 
 
 @func
-def leaf_start(leaf: int, n: int, depth: int) -> int:
-    # part(leaf, n, 2**depth) with a shift for a division: it runs once per leaf visited.
-    return int((wp.int64(leaf) * wp.int64(n)) >> wp.int64(depth))
-
-
-@func
 def part(i: int, n: int, parts: int) -> int:
     # Start of the i-th of `parts` equal shares of n points (in int64: i * n may overflow).
     return int((wp.int64(i) * wp.int64(n)) // wp.int64(parts))
-
-
-@func
-def after(node: int) -> int:
-    # The node that follows node's subtree in depth-first order (left child first): its
-    # right sibling, or its nearest ancestor's; 0 after the last.
-    n = node
-    while (n & 1) == 1:
-        n = n >> 1
-    if n == 0:
-        return 0
-    return n + 1
 
 
 @func
@@ -124,33 +81,6 @@ def cloud_of(tree: Tree, i: int) -> wp.vec4i:
     if tree.batch.shape[0] == 0:
         return wp.vec4i(0, tree.points.shape[0], 0, levels(tree.lo.shape[0] // 2))
     return tree.clouds[int(tree.batch[i])]
-
-
-@func
-def leaf_places(c: wp.vec4i, leaf: int) -> wp.vec2i:
-    # The places [s, e) of cloud c's points in its leaf `leaf` (a node number).
-    first = leaf - (1 << c[3])
-    return wp.vec2i(c[0] + leaf_start(first, c[1], c[3]), c[0] + leaf_start(first + 1, c[1], c[3]))
-
-
-@func
-def leaf_from(tree: Tree, c: wp.vec4i, q: V, node: int, reach: T, radius: T) -> int:
-    # The radius searches' walk in cloud c: from `node` on in depth-first order, the first
-    # leaf that may hold a point within `radius` of q (near_box); 0 when none is left. A
-    # node out of reach is passed over with its subtree. The tree's implicit layout (node
-    # c's children are 2c and 2c + 1) makes the walk's state one node, so every radius pass
-    # shares this walk:
-    #     leaf = leaf_from(tree, c, q, 1, reach, radius)
-    #     while leaf > 0: (the leaf's points) ... leaf = leaf_from(tree, c, q, after(leaf), ...)
-    leaves, base = 1 << c[3], c[2]
-    while node > 0:
-        if near_box(q, tree.lo[base + node], tree.hi[base + node], reach, radius):
-            if node >= leaves:
-                return node
-            node = 2 * node
-        else:
-            node = after(node)
-    return 0
 
 
 @func
@@ -169,8 +99,11 @@ NORM_OF = native("geometry_norm_of.h")
 
 # The radius searches' steps over the leaves of cloud `cloud` of `tree`, for native code
 # (Real, Vec, inf, square and norm_of as NORM_OF defines them, the query q, reach and
-# radius): next_leaf(node) is leaf_from's result, start_of(leaf) a leaf's first place and
-# start_of(leaf + 1) its end.
+# radius): near(node) whether a node's box may hold a point within the radius, after(node) the
+# node that follows node's subtree in depth-first order, next_leaf(node) the first leaf from
+# node on that may hold one (0: none), start_of(leaf) a leaf's first place and start_of(leaf +
+# 1) its end. The implicit layout (node c's children are 2c and 2c + 1) makes a walk's state
+# one node.
 # within(diff): whether a difference is within the radius, the rule every radius pass shares
 WITHIN = native("geometry_within.h")
 LEAF_STEPS = native("geometry_leaf_steps.h").replace("WITHIN", WITHIN)
@@ -185,24 +118,22 @@ BALL_WALK = LEAF_STEPS + native("geometry_ball_walk.h")
 # ball_next: the radius passes' walk in cloud `cloud`, one point within `radius` of q at a
 # time. `at` is (leaf, s, e): the walk stands at place s of the leaf whose places end at e;
 # the result is the same for the next point within reach from there on (at[1] its place),
-# leaf 0 once none is left. Leaves come in leaf_from's depth-first order. Start with
+# leaf 0 once none is left. Leaves come in next_leaf's depth-first order. Start with
 # ball_first. Native code: in Warp, the radius backward's query pass took 364 against
 # 270 ms on a LiDAR sweep of 10^5 points (about 240 neighbours a query, F = 16).
-_BALL_NEXT_SNIPPET = native("geometry_ball_next.h")
+_BALL_SCAN = native("geometry_ball_scan.h")
+_BALL_NEXT_SNIPPET = native("geometry_ball_next.h").replace("BALL_SCAN", _BALL_SCAN)
+# ball_first: where the walk of ball_next starts, the first point of the cloud within
+# `radius` of q (leaf 0 for none: an empty cloud, a query that is not finite).
+_BALL_FIRST_SNIPPET = native("geometry_ball_first.h").replace("BALL_SCAN", _BALL_SCAN)
 
 
 @template.func_native(_BALL_NEXT_SNIPPET.replace("LEAF_STEPS", LEAF_STEPS).replace("NORM_OF", NORM_OF))
 def ball_next(tree: Tree, cloud: wp.vec4i, q: V, reach: T, radius: T, at: wp.vec3i) -> wp.vec3i: ...
 
 
-@func
-def ball_first(tree: Tree, c: wp.vec4i, q: V, reach: T, radius: T) -> wp.vec3i:
-    # Where the walk of ball_next starts: the first point of cloud c within `radius` of q.
-    leaf = int(0)
-    if finite(q) and c[1] > 0:
-        leaf = leaf_from(tree, c, q, 1, reach, radius)
-    places = leaf_places(c, leaf)
-    return ball_next(tree, c, q, reach, radius, wp.vec3i(leaf, places[0], places[1]))
+@template.func_native(_BALL_FIRST_SNIPPET.replace("LEAF_STEPS", LEAF_STEPS).replace("NORM_OF", NORM_OF))
+def ball_first(tree: Tree, cloud: wp.vec4i, q: V, reach: T, radius: T) -> wp.vec3i: ...
 
 
 # A row of listed places this wide or wider keeps, where its query has more neighbours than

@@ -25,7 +25,7 @@ FEATURES = 4
 # distance, then index, into its rows of dist and idx (inf and -1 where there are fewer
 # than k points; no search for a query that is not finite); only those within `limit`
 # (inf: no limit) and not the point `skip` (-1: none). Depth first from the root: the nearer child first, the other on
-# the stack with its squared gap (box_gap2). Once the list is full, a box or a point
+# the stack with its squared gap. Once the list is full, a box or a point
 # whose squared gap exceeds `b` (sq_bound of the k-th distance) is certainly farther and
 # is skipped without a square root; a box at least as far as the k-th with only larger
 # indices is skipped too (ties go to the smaller index). The bound follows the list

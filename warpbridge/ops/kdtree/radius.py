@@ -1,4 +1,5 @@
-"""The radius aggregation and its backward, over the walk of ``geometry.leaf_from``.
+"""The radius aggregation and its backward, over the walk of ``geometry.ball_first`` and
+``ball_next`` (the one every radius pass takes).
 
 With out_i = sum_j p_ij f_j, p_ij = w_ij / W_i (w_ij = exp((nearest_i - d_ij) / sigma), the
 online softmax's shifted weights) and g_i = dL/dout_i:
@@ -24,13 +25,9 @@ import warp as wp
 
 from .dtypes import V4, Ball, Grads, Pairs, Rows, T, Tree, V
 from .geometry import (
-    after,
     ball_first,
     ball_next,
     cloud_of,
-    finite,
-    leaf_from,
-    leaf_places,
     norm,
     query_at,
     sq_bound,
@@ -73,43 +70,36 @@ def radius_forward(
     count = int(0)  # neighbours: sizes the backward's pair list
     c = cloud_of(tree, i)
     reach = sq_bound(radius)  # boxes and points beyond are certainly outside the ball
-    leaf = int(0)
-    if finite(q) and c[1] > 0:
-        leaf = leaf_from(tree, c, q, 1, reach, radius)
-    while leaf > 0:
-        places = leaf_places(c, leaf)
-        for s in range(places[0], places[1]):
-            diff = q - pts[s]
-            if wp.dot(diff, diff) > reach:
-                continue
-            d = norm(diff)
-            if d <= radius:
-                j = order[s]
-                if found == 0 or d < nearest:
-                    # A new nearest neighbour: rescale what was summed so far so that every
-                    # weight stays <= 1 (online softmax).
-                    scale = T(0.0)
-                    if found != 0:
-                        scale = wp.exp((d - nearest) / sigma)
-                    total = total * scale
-                    if n4 > 0:
-                        for f in range(n4):
-                            y4[i, f] = y4[i, f] * scale
-                    else:
-                        row_scale(y, i, scale, nf)
-                    nearest = d
-                    found = 1
-                w = wp.exp((nearest - d) / sigma)
-                total += w
-                if count < listed:
-                    neighbours[i, count] = s
-                count += 1
-                if n4 > 0:
-                    for f in range(n4):
-                        y4[i, f] = y4[i, f] + w * x4[j, f]
-                else:
-                    row_axpy(y, i, w, x, j, nf)
-        leaf = leaf_from(tree, c, q, after(leaf), reach, radius)
+    at = ball_first(tree, c, q, reach, radius)  # every radius pass's walk (leaf 0: none left)
+    while at[0] > 0:
+        s = at[1]
+        d = norm(q - pts[s])
+        j = order[s]
+        if found == 0 or d < nearest:
+            # A new nearest neighbour: rescale what was summed so far so that every weight
+            # stays <= 1 (online softmax).
+            scale = T(0.0)
+            if found != 0:
+                scale = wp.exp((d - nearest) / sigma)
+            total = total * scale
+            if n4 > 0:
+                for f in range(n4):
+                    y4[i, f] = y4[i, f] * scale
+            else:
+                row_scale(y, i, scale, nf)
+            nearest = d
+            found = 1
+        w = wp.exp((nearest - d) / sigma)
+        total += w
+        if count < listed:
+            neighbours[i, count] = s
+        count += 1
+        if n4 > 0:
+            for f in range(n4):
+                y4[i, f] = y4[i, f] + w * x4[j, f]
+        else:
+            row_axpy(y, i, w, x, j, nf)
+        at = ball_next(tree, c, q, reach, radius, wp.vec3i(at[0], s + 1, at[2]))
     if found != 0:
         row_scale(y, i, T(1.0) / total, nf)
     stats[i, 0] = total
