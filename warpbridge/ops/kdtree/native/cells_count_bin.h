@@ -5,20 +5,11 @@ const int end = B[bin + 1];
 for (int t0 = B[bin]; t0 < end; t0 += G) {  // the fill's groups, counted
     GROUP_BITS
     if (full) {
-#if defined(__CUDA_ARCH__)
-        count += __popc(bits);
-#else
-        count += __builtin_popcount(bits);
-#endif
+        count += how_many(bits);
         continue;
     }
-    while (bits) {
-#if defined(__CUDA_ARCH__)
-        const int t = t0 + __ffs(bits) - 1;
-#else
-        const int t = t0 + __builtin_ctz(bits);
-#endif
-        bits &= bits - 1u;
+    for (; bits; bits &= bits - 1u) {
+        const int t = t0 + lowest(bits);
         const int j = A[t];
         count += (i < j) | ((i == j) & later);  // never i itself unshifted (later is false there)
     }

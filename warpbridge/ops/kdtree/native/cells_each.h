@@ -4,13 +4,8 @@ const bool own = unshifted, later = first_shift > 0;
 const int end = B[bin + 1];
 for (int t0 = B[bin]; t0 < end; t0 += G) {  // G at a time (the rows are padded)
     GROUP_BITS
-    while (bits) {
-#if defined(__CUDA_ARCH__)
-        const int t = t0 + __ffs(bits) - 1;
-#else
-        const int t = t0 + __builtin_ctz(bits);
-#endif
-        bits &= bits - 1u;
+    for (; bits; bits &= bits - 1u) {
+        const int t = t0 + lowest(bits);
         const int j = A[t];
         if (j == i && own) continue;
         if (!full && !(i < j || (i == j && later))) continue;

@@ -10,8 +10,12 @@ const double* __restrict__ Z = Y + stride_xyz;
 const double cut2 = grid.cut2;
 #if defined(__CUDA_ARCH__)
 constexpr int G = 8;  // a bin's atoms tested at a time (cells_group.h)
+auto lowest = [](unsigned bits) -> int { return __ffs(bits) - 1; };  // of a group's bits
+auto how_many = [](unsigned bits) -> int { return __popc(bits); };
 #else
 constexpr int G = 16;
+auto lowest = [](unsigned bits) -> int { return __builtin_ctz(bits); };
+auto how_many = [](unsigned bits) -> int { return __builtin_popcount(bits); };
 #endif
 const int full = grid.full;
 const int pi = *wp::address(place, i);
