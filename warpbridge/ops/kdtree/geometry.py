@@ -101,8 +101,8 @@ NORM_OF = native("geometry_norm_of.h")
 # (Real, Vec, inf, square and norm_of as NORM_OF defines them, the query q, reach and
 # radius): near(node) whether a node's box may hold a point within the radius, after(node) the
 # node that follows node's subtree in depth-first order, next_leaf(node) the first leaf from
-# node on that may hold one (0: none), start_of(leaf) a leaf's first place and start_of(leaf +
-# 1) its end. The implicit layout (node c's children are 2c and 2c + 1) makes a walk's state
+# node on that may hold one (0: none), first_leaf() a walk's first (0 for an empty cloud or a
+# query that is not finite), start_of(leaf) a leaf's first place and start_of(leaf + 1) its end. The implicit layout (node c's children are 2c and 2c + 1) makes a walk's state
 # one node.
 # within(diff): whether a difference is within the radius, the rule every radius pass shares
 WITHIN = native("geometry_within.h")

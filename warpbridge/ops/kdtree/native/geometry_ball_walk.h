@@ -2,9 +2,7 @@
 const wp::int32* __restrict__ O = (const wp::int32*)tree.order.data;
 auto walk = [&](int leaf, int t, int e, auto&& visit) {
     if (leaf == 0) {
-        if (n == 0) return;
-        for (int a = 0; a < NDIM; ++a) if (!(wp::abs(q[a]) < inf)) return;
-        leaf = next_leaf(1);
+        leaf = first_leaf();
         t = start_of(leaf);
         e = start_of(leaf + 1);
     }

@@ -21,5 +21,10 @@ auto next_leaf = [&](int node) -> int {  // from node on, the first leaf that ma
     }
     return 0;
 };
+auto first_leaf = [&]() -> int {  // a walk's first leaf; 0 for an empty cloud or a query that is not finite
+    if (n == 0) return 0;
+    for (int a = 0; a < NDIM; ++a) if (!(wp::abs(q[a]) < inf)) return 0;
+    return next_leaf(1);
+};
 auto start_of = [&](int leaf) -> int { return first + (int)(((wp::int64)(leaf - leaves) * n) >> depth); };
 WITHIN
