@@ -80,7 +80,7 @@ def neighbor_list(
     if not isinstance(full_list, bool):
         raise fail(op, f"'full_list' must be True or False, got {describe(full_list)}")
     cap = _cap(op, max_neighbors)
-    host = _host(op, a, positions).astype(np.float64)
+    host = np.ascontiguousarray(_host(op, a, positions), dtype=np.float64)
     starts = _starts(op, a, shape[0], batch, batch_ptr)
     cells, pbc_rows = _cells(op, a, cell, pbc, len(starts) - 1, dtype)
     built = _built_by_caller(a, positions, cell)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import warp as wp
 
 from . import template
-from .template import kernel, native
+from .template import func, kernel, native
 
 vec3l = wp.types.vector(length=3, dtype=wp.int64)
 
@@ -102,23 +102,125 @@ def pair_count(
     counts[i] = wp.int64(count_pairs(i, home, place, grid))
 
 
+@func
+def fractional(x: wp.vec3d, inverse: wp.array2d(dtype=wp.vec3d), b: int) -> wp.vec3d:
+    # x in structure b's lattice coordinates (inverse[b]: the rows of its lattice's inverse)
+    return x[0] * inverse[b, 0] + x[1] * inverse[b, 1] + x[2] * inverse[b, 2]
+
+
+@func
+def wraps(f: wp.vec3d, periodic: int) -> vec3l:
+    # the whole cells in the fractional coordinates f along the periodic axes (bits of periodic)
+    w = vec3l()
+    for axis in range(3):
+        if periodic & (1 << axis):
+            w[axis] = wp.int64(wp.floor(f[axis]))
+    return w
+
+
+@func
+def home_of(
+    x: wp.vec3d, inverse: wp.array2d(dtype=wp.vec3d), b: int, g: wp.vec4i, periodic: int, lo: wp.vec3d, span: wp.vec3d
+) -> wp.vec4i:
+    # The bin (x, y, z) of an atom at x in structure b (g: its bins per axis; lo, span: where
+    # they start and how far they reach, in fractional coordinates), and b; -1 three times
+    # where x is not finite.
+    h = wp.vec4i(-1, -1, -1, b)
+    if wp.isfinite(x):
+        f = fractional(x, inverse, b)
+        w = wraps(f, periodic)
+        for axis in range(3):
+            c = 0
+            if span[axis] > wp.float64(0.0):
+                at = (f[axis] - wp.float64(w[axis]) - lo[axis]) / span[axis] * wp.float64(g[axis])
+                c = wp.clamp(int(wp.floor(at)), 0, g[axis] - 1)
+            h[axis] = c
+    return h
+
+
 @kernel
-def atoms_by_bin(
-    bins: wp.array(dtype=wp.int32),
+def frac_extent(
+    x: wp.array(dtype=wp.vec3d),
+    starts: wp.array(dtype=wp.int64),
+    inverse: wp.array2d(dtype=wp.vec3d),
     stride: int,
     offset: int,
-    next_place: wp.array(dtype=wp.int32),
-    order: wp.array(dtype=wp.int32),
-    place: wp.array(dtype=wp.int32),
+    extent: wp.array2d(dtype=wp.vec3d),
 ):
-    # One thread: each atom, in index order, to the next free place of its bin (a stable
-    # counting sort; next_place starts at each bin's first place): the atoms in bin order,
-    # and each atom's place in it.
-    for a in range(bins.shape[0]):
-        p = next_place[bins[a]]
-        next_place[bins[a]] = p + 1
-        order[p] = a
+    # One thread: each structure's lowest and highest fractional coordinates over its finite
+    # atoms (extent[b, 0], extent[b, 1]); zeros where it has none.
+    for b in range(starts.shape[0] - 1):
+        lo = wp.vec3d(wp.float64(wp.inf))
+        hi = -lo
+        for a in range(int(starts[b]), int(starts[b + 1])):
+            if wp.isfinite(x[a]):
+                f = fractional(x[a], inverse, b)
+                lo = wp.min(lo, f)
+                hi = wp.max(hi, f)
+        if lo[0] > hi[0]:
+            lo = wp.vec3d()
+            hi = wp.vec3d()
+        extent[b, 0] = lo
+        extent[b, 1] = hi
+
+
+@kernel
+def atoms_to_bins(
+    x: wp.array(dtype=wp.vec3d),
+    starts: wp.array(dtype=wp.int64),
+    inverse: wp.array2d(dtype=wp.vec3d),
+    extent: wp.array2d(dtype=wp.vec3d),
+    grid: Grid,
+    stride: int,
+    offset: int,
+    home: wp.array(dtype=wp.vec4i),
+    place: wp.array(dtype=wp.int32),
+    wrapped: wp.array(dtype=wp.int32),
+):
+    # One thread: each atom's bin (home[a]: its bin x, y, z and structure; -1 three times
+    # where not finite), then a stable counting sort by bin (the atoms that are not finite
+    # last): grid.atoms, grid.bin_start and each atom's place; the points wrapped into their
+    # cell (grid.xyz, padded with inf) and their wraps (grid.wrap) in that order.
+    # extent[b]: where structure b's bins start and how far they reach, in fractional
+    # coordinates. wrapped[0]: 1 where an atom was wrapped, else 0.
+    n = x.shape[0]
+    bins = grid.bin_start.shape[0] - 3  # the bins of every structure; one more for the atoms not finite
+    for t in range(bins + 3):
+        grid.bin_start[t] = 0
+    for b in range(starts.shape[0] - 1):
+        g = grid.shape[b]
+        for a in range(int(starts[b]), int(starts[b + 1])):
+            h = home_of(x[a], inverse, b, g, grid.reach[b][3], extent[b, 0], extent[b, 1])
+            bin = bins
+            if h[0] >= 0:
+                bin = g[3] + (h[0] * g[1] + h[1]) * g[2] + h[2]
+            home[a] = h
+            place[a] = bin  # the bin, until the sort below replaces it with the place
+            grid.bin_start[bin + 2] += 1
+    for t in range(bins + 2):
+        grid.bin_start[t + 1] += grid.bin_start[t]
+    any_wrap = int(0)
+    for a in range(n):
+        p = grid.bin_start[place[a] + 1]
+        grid.bin_start[place[a] + 1] = p + 1
         place[a] = p
+        grid.atoms[p] = a
+        y = x[a]
+        w = vec3l()
+        if home[a][0] >= 0:
+            b = home[a][3]
+            w = wraps(fractional(y, inverse, b), grid.reach[b][3])
+            if w[0] != wp.int64(0) or w[1] != wp.int64(0) or w[2] != wp.int64(0):
+                any_wrap = 1
+                shift = wp.float64(w[0]) * grid.cells[b, 0] + wp.float64(w[1]) * grid.cells[b, 1]
+                y = y - (shift + wp.float64(w[2]) * grid.cells[b, 2])
+        grid.wrap[p] = w
+        for axis in range(3):
+            grid.xyz[axis, p] = y[axis]
+    for p in range(n, n + 16):
+        for axis in range(3):
+            grid.xyz[axis, p] = wp.float64(wp.inf)
+    wrapped[0] = any_wrap
 
 
 @kernel
