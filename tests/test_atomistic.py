@@ -100,6 +100,33 @@ def test_full_and_half_lists_match_vesin(name):
     assert {(min(a, b), max(a, b)) for a, b in zip(vi.tolist(), vj.tolist())} == {(a, b) for a, b, _ in unordered}
 
 
+@pytest.mark.parametrize("full_list", [True, False])
+@pytest.mark.parametrize("name", ["triclinic, pbc TFT", "dense: rows of ~700 pairs"])
+def test_every_way_of_writing_the_rows_gives_the_same_pairs(monkeypatch, name, full_list):
+    """One thread writes the rows in one pass (into kept scratch, copied out; or in place when
+    too big to keep), growing its arrays when the estimate falls short; several threads count
+    first. All four give the same i, j, S, d and D, bit for bit."""
+    from warpbridge.ops import _cell_grid, _cpu_launch
+
+    pos, cell, pbc, cutoff = STRUCTURES[name]
+    args = (torch.tensor(pos), cutoff)
+    kwargs = dict(cell=torch.tensor(cell), pbc=pbc, full_list=full_list, quantities="ijSdD")
+    one_pass = wb.ops.neighbor_list(*args, **kwargs)
+    with monkeypatch.context() as m:
+        m.setattr(_cell_grid, "_pairs_estimate", lambda *a: 1)  # the arrays grow, row after row
+        grown = wb.ops.neighbor_list(*args, **kwargs)
+        m.setattr(_cpu_launch, "KEEP_BYTES", 0)  # written in place, then trimmed
+        in_place = wb.ops.neighbor_list(*args, **kwargs)
+    with monkeypatch.context() as m:
+        m.setattr(_cell_grid, "_in_one_pass", lambda *a: None)
+        counted = wb.ops.neighbor_list(*args, **kwargs)
+    # in place, the arrays start at one pair; the scratch at 4 096, which the dense rows pass
+    assert len(one_pass[0]) > 4096 or not name.startswith("dense")
+    for other in (grown, in_place, counted):
+        for a, b in zip(one_pass, other):
+            assert torch.equal(a, b)
+
+
 def test_the_cutoff_is_strict_on_a_lattice():
     a, n = 1.0, 5
     grid = np.stack(np.meshgrid(*[np.arange(n)] * 3, indexing="ij"), -1).reshape(-1, 3) * a

@@ -102,6 +102,12 @@ class Backend:
         """The NumPy array ``values`` as this framework's array on ``like``'s device."""
         raise TypeError(f"{self.array_name} cannot be made from host values here")
 
+    @staticmethod
+    def on_host(fn: Callable, *args: Any) -> Any:
+        """``fn(*args)``: host work on NumPy values (a neighbour list's search), run as written,
+        outside any graph a compiler traces of the call."""
+        return fn(*args)
+
     def uniform(self, like: Any, n: int) -> Any:
         """(n,) float64 numbers uniform in [0, 1) from the framework's own random state (what
         its seed functions set), on ``like``'s device; TypeError where it keeps none."""

@@ -84,7 +84,7 @@ def neighbor_list(
     starts = _starts(op, a, shape[0], batch, batch_ptr)
     cells, pbc_rows = _cells(op, a, cell, pbc, len(starts) - 1, dtype)
     built = _built_by_caller(a, positions, cell)
-    found = _pairs(host, starts, cells, pbc_rows, r, full_list, cap, "D" in wanted and not built)
+    found = a.on_host(_pairs, host, starts, cells, pbc_rows, r, full_list, cap, "D" in wanted and not built)
     return _outputs(a, positions, cell, wanted, found, starts, dtype, built)
 
 

@@ -33,34 +33,113 @@ def pairs(
 ):
     """(i, j, S, d, D) of every pair closer than ``cutoff``, rows by i, each sorted by distance
     (ties in the walk's order); d and D float64 values (D None unless ``vectors``). ``pos``:
-    (N, 3) float64, the structures' atoms at ``starts``."""
-    n, k, device = len(pos), kdtree.cell_kernels(), wp.get_device("cpu")
-    home, place, grid = _binned(k, pos, starts, cells, periodic, cutoff)
+    (N, 3) float64, the structures' atoms at ``starts``.
+
+    On one thread the rows are written in one pass, in atom order, into arrays sized by an
+    estimate that grow when it falls short; on several, each atom's pairs are counted first
+    and the threads write the rows at their places."""
+    n, k = len(pos), kdtree.cell_kernels()
+    home, place, grid, estimate = _binned(k, pos, starts, cells, periodic, cutoff)
+    estimate = estimate if full else estimate // 2 + 512
     grid.cut2, grid.full = float(cutoff) ** 2, int(full)
     before = [home, place, grid]
+    one_thread = cpu_launch.threads(wp.get_device("cpu"), n) == 1 and estimate <= MAX_PAIRS
+    found = _in_one_pass(k, before, n, estimate, vectors) if one_thread else None
+    if found is None:
+        found = _counted(k, before, n, vectors)
+    return (*found[:4], found[4] if vectors else None)
+
+
+def _pair_arrays(room: int, vectors: bool, scratch: bool = False) -> list:
+    """Uninitialised (i, j, S, d, D) arrays for ``room`` pairs (D empty unless ``vectors``):
+    views of this thread's kept scratch (``scratch``), else NumPy's own (huge pages from 4 MiB)."""
+    shapes = [(room,), (room,), (room, 3), (room,), (room if vectors else 0, 3)]
+    types = [wp.int64, wp.int64, wp.int64, wp.float64, wp.float64]
+    if not scratch:
+        return [np.empty(shape, dtype=np.int64 if t is wp.int64 else np.float64) for shape, t in zip(shapes, types)]
+    device = wp.get_device("cpu")
+    return [cpu_launch.kept(f"pairs_{q}", shape, t, device).numpy() for q, shape, t in zip("ijSdD", shapes, types)]
+
+
+def _launch_fill(k, kernel, m: int, before: list, found: list) -> None:
+    """``kernel`` (pair_fill or pair_run) over ``m`` atoms, into the ``found`` arrays."""
+    i, js, shifts, dist, vec = found
+    after = [_over(i, wp.int64), _over(js, wp.int64), _over(shifts, k.vec3l), _over(dist, wp.float64)]
+    _launches.launch(kernel, m, before, [*after, _over(vec, wp.vec3d)], wp.get_device("cpu"))
+
+
+def _counted(k, before: list, n: int, vectors: bool) -> list:
+    """The pairs, each atom's counted first (a pass of the walk), then written at their places."""
+    device = wp.get_device("cpu")
     counts = cpu_launch.kept("cell_counts", (n,), wp.int64, device)
     _launches.launch(k.pair_count, n, before, [counts], device)
-    count = counts.numpy()
     offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(count, out=offsets[1:])
+    np.cumsum(counts.numpy(), out=offsets[1:])
     e = int(offsets[-1])
     if e > MAX_PAIRS:
         raise fail(
             "neighbor_list",
             f"{e:,} pairs found, more than one call returns ({MAX_PAIRS:,}); use a smaller cutoff or fewer structures per call",
         )
-    # NumPy's memory: it asks for huge pages, so the fill's writes fault ~500x less often
-    js, dist, shifts = np.empty(e, dtype=np.int64), np.empty(e), np.empty((e, 3), dtype=np.int64)
-    vec = np.empty((e if vectors else 0, 3))
-    outputs = [_over(js, wp.int64), _over(shifts, k.vec3l), _over(dist, wp.float64), _over(vec, wp.vec3d)]
-    _launches.launch(k.pair_fill, n, [*before, _over(offsets, wp.int64)], outputs, device)
-    i = np.repeat(np.arange(n, dtype=np.int64), count)
-    return i, js, shifts, dist, vec if vectors else None
+    found = _pair_arrays(e, vectors)
+    _launch_fill(k, k.pair_fill, n, [*before, _over(offsets, wp.int64)], found)
+    return found
+
+
+def _in_one_pass(k, before: list, n: int, estimate: int, vectors: bool) -> list | None:
+    """The pairs in one pass on one thread, into arrays of about ``estimate`` pairs that grow by
+    half whenever the next row does not fit; None past MAX_PAIRS (the count then tells how many).
+
+    Where the arrays stay within ``cpu_launch.KEEP_BYTES``, the rows go into this thread's kept
+    scratch (the fill then never meets fresh memory) and are copied out (``_copied_out``);
+    bigger ones are written in place, then trimmed."""
+    room = 1 << max(12, (estimate - 1).bit_length())  # steady across calls, so the scratch is kept
+    scratch = room * 24 <= cpu_launch.KEEP_BYTES
+    room = room if scratch else estimate
+    progress = np.zeros(2, dtype=np.int64)  # the next atom, the next place
+    found = _pair_arrays(room, vectors, scratch)
+    while True:
+        _launch_fill(k, k.pair_run, 1, [*before, _over(progress, wp.int64)], found)
+        if progress[0] == n:
+            break
+        room = room + room // 2 + 1024
+        if room > MAX_PAIRS:
+            return None
+        found = [_resized(a, room if len(a) or vectors else 0, int(progress[1])) for a in found]
+    e = int(progress[1])
+    return _copied_out(found, e) if scratch else [_resized(a, e if len(a) else 0, e) for a in found]
+
+
+def _copied_out(found: list, e: int) -> list:
+    """The first ``e`` pairs of the scratch arrays ``found``, copied into views of one new block
+    of memory: NumPy asks for huge pages from 4 MiB on, which one block reaches at a quarter of
+    the pairs each array would need (2 000 atoms: ~1 000 page faults a call, 1.2 ms, to ~3)."""
+    rows = [e if len(a) else 0 for a in found]
+    block = np.empty(sum(r * (a.shape[1] if a.ndim == 2 else 1) for r, a in zip(rows, found)), dtype=np.int64)
+    out, at = [], 0
+    for a, r in zip(found, rows):
+        part = block[at : at + r * (a.shape[1] if a.ndim == 2 else 1)].view(a.dtype).reshape(r, *a.shape[1:])
+        part[...] = a[:r]
+        out.append(part)
+        at += part.size
+    return out
+
+
+def _resized(a: np.ndarray, rows: int, kept: int) -> np.ndarray:
+    """``a`` with ``rows`` rows, the first ``kept`` as they were: in place where ``a`` owns its
+    memory (no copy where the allocator can move the end), else copied out of the scratch."""
+    if a.flags.owndata:
+        a.resize((rows, *a.shape[1:]), refcheck=False)
+        return a
+    b = np.empty((rows, *a.shape[1:]), dtype=a.dtype)
+    b[:kept] = a[:kept]
+    return b
 
 
 def _binned(k, pos: np.ndarray, starts: np.ndarray, cells: np.ndarray, periodic: np.ndarray, cutoff: float) -> tuple:
     """(each atom's (bin x, y, z, structure), -1 three times where not finite; each atom's
-    place in bin order; the Grid of all structures, its atoms sorted into their bins)."""
+    place in bin order; the Grid of all structures, its atoms sorted into their bins; about
+    how many pairs a full list holds, ``_pairs_estimate``)."""
     n, device = len(pos), wp.get_device("cpu")
     x, first = _over(pos, wp.vec3d), _over(starts, wp.int64)
     lattice = np.where(periodic.any(1)[:, None, None], cells, np.eye(3))  # the identity where no axis is periodic
@@ -90,7 +169,22 @@ def _binned(k, pos: np.ndarray, starts: np.ndarray, cells: np.ndarray, periodic:
     )
     if not wrapped.numpy()[0]:
         grid.wrap = cpu_launch.nothing((0,), k.vec3l, device)
-    return home, place, grid
+    occupancy = np.diff(grid.bin_start.numpy()[: firsts[-1] + 1])
+    return home, place, grid, _pairs_estimate(occupancy, firsts, lattice, span / shape, reach, cutoff)
+
+
+def _pairs_estimate(occupancy, firsts, lattice, sides, reach, cutoff: float) -> int:
+    """About how many pairs a full list holds, rather more than fewer: each bin's atoms times
+    the atoms a sphere of the cutoff holds at the bin's density (at most the atoms of the bins
+    a walk visits). ``occupancy``: the atoms in each bin; ``sides``: each structure's bin
+    edges in fractional coordinates."""
+    if not len(occupancy):
+        return 0
+    squares = np.add.reduceat(occupancy.astype(np.int64) ** 2, firsts[:-1])
+    volume = np.abs(np.linalg.det(lattice)) * sides.prod(1)  # of one bin
+    sphere = 4 / 3 * np.pi * cutoff**3
+    per_atom = np.minimum(sphere / np.where(volume > 0, volume, 1e-300), np.prod(2 * reach + 1, axis=1))
+    return int(1.1 * float(squares @ per_atom)) + 1024
 
 
 def _extent(k, x: wp.array, first: wp.array, rows: wp.array, periodic: np.ndarray) -> tuple:

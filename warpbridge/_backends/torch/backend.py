@@ -10,7 +10,7 @@ module), and all three run the same ``forward`` / ``backward`` below."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -146,6 +146,11 @@ class _Torch(Backend):
     @torch.compiler.disable
     def from_host(values: Any, like: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(values).to(like.device)
+
+    @staticmethod
+    @torch.compiler.disable(reason="warpbridge: host work on NumPy values, run as written")
+    def on_host(fn: Callable, *args: Any) -> Any:
+        return fn(*args)
 
     @staticmethod
     def compiling() -> bool:

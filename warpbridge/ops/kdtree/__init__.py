@@ -130,7 +130,7 @@ def cell_kernels() -> Any:
         module=module,
         Grid=cells.Grid,
         vec3l=cells.vec3l,
-        **{n: scope[n] for n in ("frac_extent", "atoms_to_bins", "pair_count", "pair_fill")},
+        **{n: scope[n] for n in ("frac_extent", "atoms_to_bins", "pair_count", "pair_fill", "pair_run")},
     )
 
 

@@ -65,9 +65,16 @@ _COUNT = "int count = 0;\n" + _WALK.replace("RESULT", "count").replace("INNER", 
 _FILL_START = native("cells_fill_start.h")
 _VISIT_FILL = native("cells_visit_fill.h")
 _FILL_END = native("cells_fill_end.h")
-_FILL = _FILL_START + (_WALK.rsplit("return RESULT;", 1)[0] + _FILL_END).replace("RESULT", "n").replace(
+_FILL_ROW = _FILL_START + (_WALK.rsplit("return RESULT;", 1)[0] + _FILL_END).replace("RESULT", "n").replace(
     "INNER", _EACH.replace("VISIT", _VISIT_FILL)
 )
+# where a row goes (s0) and how many pairs fit there (room): its counted place, or the room
+# left past the cursor
+_FILL = (
+    "const wp::int64 s0 = *wp::address(offsets, i);\nconst wp::int64 room = *wp::address(offsets, i + 1) - s0;\n"
+    + _FILL_ROW
+)
+_FILL_AT = "const wp::int64 s0 = cursor;\nconst wp::int64 room = js.shape[0] - cursor;\n" + _FILL_ROW
 
 
 @template.func_native(_COUNT)
@@ -81,6 +88,22 @@ def fill_pairs(
     place: wp.array(dtype=wp.int32),
     grid: Grid,
     offsets: wp.array(dtype=wp.int64),
+    pair_i: wp.array(dtype=wp.int64),
+    js: wp.array(dtype=wp.int64),
+    shifts: wp.array(dtype=vec3l),
+    dist: wp.array(dtype=wp.float64),
+    vectors: wp.array(dtype=wp.vec3d),
+) -> int: ...
+
+
+@template.func_native(_FILL_AT)
+def fill_pairs_at(
+    i: int,
+    home: wp.array(dtype=wp.vec4i),
+    place: wp.array(dtype=wp.int32),
+    grid: Grid,
+    cursor: wp.int64,
+    pair_i: wp.array(dtype=wp.int64),
     js: wp.array(dtype=wp.int64),
     shifts: wp.array(dtype=vec3l),
     dist: wp.array(dtype=wp.float64),
@@ -231,12 +254,42 @@ def pair_fill(
     offsets: wp.array(dtype=wp.int64),
     stride: int,
     offset: int,
+    pair_i: wp.array(dtype=wp.int64),
     js: wp.array(dtype=wp.int64),
     shifts: wp.array(dtype=vec3l),
     dist: wp.array(dtype=wp.float64),
     vectors: wp.array(dtype=wp.vec3d),
 ):
-    # Atom i's pairs at offsets[i] on: neighbours, returned shifts (the bin's, corrected by the
-    # wraps), distances and, where `vectors` is not empty, the vectors D; sorted by distance.
+    # Atom i's pairs at offsets[i] on: i, neighbours, returned shifts (the bin's, corrected by
+    # the wraps), distances and, where `vectors` is not empty, the vectors D; sorted by distance.
     i = int(grid.atoms[wp.tid() * stride + offset])  # in bin order: neighbouring atoms walk the same bins
-    fill_pairs(i, home, place, grid, offsets, js, shifts, dist, vectors)
+    fill_pairs(i, home, place, grid, offsets, pair_i, js, shifts, dist, vectors)
+
+
+@kernel
+def pair_run(
+    home: wp.array(dtype=wp.vec4i),
+    place: wp.array(dtype=wp.int32),
+    grid: Grid,
+    progress: wp.array(dtype=wp.int64),
+    stride: int,
+    offset: int,
+    pair_i: wp.array(dtype=wp.int64),
+    js: wp.array(dtype=wp.int64),
+    shifts: wp.array(dtype=vec3l),
+    dist: wp.array(dtype=wp.float64),
+    vectors: wp.array(dtype=wp.vec3d),
+):
+    # One thread, one pass: the rows of the atoms from progress[0] on, in index order, one
+    # after the other from place progress[1] on (as pair_fill writes them), until the arrays
+    # have no room for the next; progress then holds where to go on from.
+    a = progress[0]
+    cursor = progress[1]
+    while a < wp.int64(home.shape[0]):
+        written = fill_pairs_at(int(a), home, place, grid, cursor, pair_i, js, shifts, dist, vectors)
+        if written < 0:
+            break
+        cursor += wp.int64(written)
+        a += wp.int64(1)
+    progress[0] = a
+    progress[1] = cursor

@@ -1,6 +1,7 @@
 
-n = n < expected ? n : expected;
-if (local) {  // bucketed (stable), then insertion-sorted: the buckets leave few moves
+if (n > room) return -1;  // no room for the row: nothing written past the place
+for (int t = 0; t < n; ++t) out_i[t] = i;
+if (n <= ROW) {  // bucketed (stable), then insertion-sorted: the buckets leave few moves
     constexpr int NB = 128;
     const double scale = NB / (cut2 * wp::sqrt(cut2));  // by d^3: about as many pairs in each bucket
     int start[NB + 1] = {0}, perm[ROW];

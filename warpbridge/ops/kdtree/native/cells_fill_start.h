@@ -1,11 +1,11 @@
 
 constexpr int ROW = 256;
 typedef wp::vec_t<3, wp::int64> vec3l;
-const wp::int64 s0 = *wp::address(offsets, i);
-const int expected = (int)(*wp::address(offsets, i + 1) - s0);
-const bool local = expected <= ROW, with_vectors = vectors.shape[0] > 0;
+// s0: where the row goes; room: how many pairs fit there (both set before this)
+const bool with_vectors = vectors.shape[0] > 0;
 const bool wrapped = grid.wrap.shape[0] > 0;
 const vec3l wi = wrapped ? *wp::address(grid.wrap, *wp::address(place, i)) : vec3l();
+wp::int64* const out_i = (wp::int64*)pair_i.data + s0;
 double* const out_d = (double*)dist.data + s0;
 wp::int64* const out_j = (wp::int64*)js.data + s0;
 vec3l* const out_s = (vec3l*)shifts.data + s0;
