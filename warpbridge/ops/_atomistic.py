@@ -155,9 +155,9 @@ def _cells(op: str, a: Any, cell: Any, pbc: Any, structures: int, dtype: str) ->
     if periodic.dtype != bool or periodic.shape not in ((), (3,), (structures, 3)):
         raise fail(op, f"'pbc' must be a bool, 3 bools or ({structures}, 3) bools, got {describe(pbc)}")
     periodic = np.broadcast_to(periodic, (structures, 3))
-    for b in range(structures):
-        if periodic[b].any() and abs(np.linalg.det(cells[b])) <= 1e-12 * np.prod(np.linalg.norm(cells[b], axis=1)):
-            raise fail(op, f"the cell of structure {b} is singular, but it has periodic axes: {cells[b].tolist()}")
+    flat = np.abs(np.linalg.det(cells)) <= 1e-12 * np.prod(np.linalg.norm(cells, axis=2), axis=1)
+    for b in np.flatnonzero(flat & periodic.any(1))[:1]:
+        raise fail(op, f"the cell of structure {b} is singular, but it has periodic axes: {cells[b].tolist()}")
     return cells, periodic
 
 

@@ -50,22 +50,23 @@ def pairs(
     return (*found[:4], found[4] if vectors else None)
 
 
-def _pair_arrays(room: int, vectors: bool, scratch: bool = False) -> list:
+def _pair_arrays(k, room: int, vectors: bool, scratch: bool = False) -> list:
     """Uninitialised (i, j, S, d, D) arrays for ``room`` pairs (D empty unless ``vectors``):
-    views of this thread's kept scratch (``scratch``), else NumPy's own (huge pages from 4 MiB)."""
-    shapes = [(room,), (room,), (room, 3), (room,), (room if vectors else 0, 3)]
-    types = [wp.int64, wp.int64, wp.int64, wp.float64, wp.float64]
+    NumPy's own (huge pages from 4 MiB on), or Warp's: this thread's kept scratch."""
     if not scratch:
-        return [np.empty(shape, dtype=np.int64 if t is wp.int64 else np.float64) for shape, t in zip(shapes, types)]
-    device = wp.get_device("cpu")
-    return [cpu_launch.kept(f"pairs_{q}", shape, t, device).numpy() for q, shape, t in zip("ijSdD", shapes, types)]
+        i, js, dist = np.empty(room, dtype=np.int64), np.empty(room, dtype=np.int64), np.empty(room)
+        return [i, js, np.empty((room, 3), dtype=np.int64), dist, np.empty((room if vectors else 0, 3))]
+    rows = (room, room, room, room, room if vectors else 0)
+    types = (wp.int64, wp.int64, k.vec3l, wp.float64, wp.vec3d)
+    return [cpu_launch.kept(f"pairs_{q}", (r,), t, wp.get_device("cpu")) for q, r, t in zip("ijSdD", rows, types)]
 
 
 def _launch_fill(k, kernel, m: int, before: list, found: list) -> None:
-    """``kernel`` (pair_fill or pair_run) over ``m`` atoms, into the ``found`` arrays."""
-    i, js, shifts, dist, vec = found
-    after = [_over(i, wp.int64), _over(js, wp.int64), _over(shifts, k.vec3l), _over(dist, wp.float64)]
-    _launches.launch(kernel, m, before, [*after, _over(vec, wp.vec3d)], wp.get_device("cpu"))
+    """``kernel`` (pair_fill or pair_run) over ``m`` atoms, into the ``found`` arrays (NumPy's or
+    Warp's)."""
+    types = (wp.int64, wp.int64, k.vec3l, wp.float64, wp.vec3d)
+    after = [a if isinstance(a, wp.array) else _over(a, t) for a, t in zip(found, types)]
+    _launches.launch(kernel, m, before, after, wp.get_device("cpu"))
 
 
 def _counted(k, before: list, n: int, vectors: bool) -> list:
@@ -81,7 +82,7 @@ def _counted(k, before: list, n: int, vectors: bool) -> list:
             "neighbor_list",
             f"{e:,} pairs found, more than one call returns ({MAX_PAIRS:,}); use a smaller cutoff or fewer structures per call",
         )
-    found = _pair_arrays(e, vectors)
+    found = _pair_arrays(k, e, vectors)
     _launch_fill(k, k.pair_fill, n, [*before, _over(offsets, wp.int64)], found)
     return found
 
@@ -97,7 +98,7 @@ def _in_one_pass(k, before: list, n: int, estimate: int, vectors: bool) -> list 
     scratch = room * 24 <= cpu_launch.KEEP_BYTES
     room = room if scratch else estimate
     progress = np.zeros(2, dtype=np.int64)  # the next atom, the next place
-    found = _pair_arrays(room, vectors, scratch)
+    found = _pair_arrays(k, room, vectors, scratch)
     while True:
         _launch_fill(k, k.pair_run, 1, [*before, _over(progress, wp.int64)], found)
         if progress[0] == n:
@@ -105,9 +106,16 @@ def _in_one_pass(k, before: list, n: int, estimate: int, vectors: bool) -> list 
         room = room + room // 2 + 1024
         if room > MAX_PAIRS:
             return None
-        found = [_resized(a, room if len(a) or vectors else 0, int(progress[1])) for a in found]
+        found = [_resized(_host_view(a), room if len(a) or vectors else 0, int(progress[1])) for a in found]
     e = int(progress[1])
-    return _copied_out(found, e) if scratch else [_resized(a, e if len(a) else 0, e) for a in found]
+    if any(isinstance(a, wp.array) for a in found):
+        return _copied_out([_host_view(a) for a in found], e)
+    return [_resized(a, e if len(a) else 0, e) for a in found]
+
+
+def _host_view(a) -> np.ndarray:
+    """A NumPy view of the Warp array ``a``'s memory, or the NumPy array ``a``."""
+    return a.numpy() if isinstance(a, wp.array) else a
 
 
 def _copied_out(found: list, e: int) -> list:
