@@ -13,13 +13,22 @@ if (n <= ROW) {  // bucketed (stable), then insertion-sorted: the buckets leave 
     }
     for (int t = 0; t < n; ++t) ++start[key[t] + 1];
     for (int c = 0; c < NB; ++c) start[c + 1] += start[c];
-    for (int t = 0; t < n; ++t) perm[start[key[t]]++] = t;
+    double sorted_d[ROW];  // the squares in perm's order: the insertion compares without an indirection
+    for (int t = 0; t < n; ++t) {
+        const int p = start[key[t]]++;
+        perm[p] = t;
+        sorted_d[p] = row_d[t];
+    }
     for (int p = 1; p < n; ++p) {
         const int v = perm[p];
-        const double dv = row_d[v];
+        const double dv = sorted_d[p];
         int q = p;
-        for (; q > 0 && row_d[perm[q - 1]] > dv; --q) perm[q] = perm[q - 1];  // ties keep the walk's order
+        for (; q > 0 && sorted_d[q - 1] > dv; --q) {  // ties keep the walk's order
+            perm[q] = perm[q - 1];
+            sorted_d[q] = sorted_d[q - 1];
+        }
         perm[q] = v;
+        sorted_d[q] = dv;
     }
     for (int r = 0; r < n; ++r) {
         const int t = perm[r];
