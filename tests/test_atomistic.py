@@ -127,6 +127,18 @@ def test_every_way_of_writing_the_rows_gives_the_same_pairs(monkeypatch, name, f
             assert torch.equal(a, b)
 
 
+def test_steps_of_a_simulation_in_the_same_cell_each_get_their_own_pairs():
+    """Calls with the same cell, pbc, cutoff and atom count take the bins' layout of the call
+    before: every step still matches ASE, also when the atoms of one step lie inside the cell
+    and those of the next outside it (wrapped), and after the cutoff changes."""
+    cell = TRICLINIC
+    steps = [rng.random((70, 3)) @ cell, rng.random((70, 3)) @ cell * 1.6 - 2.0, rng.random((70, 3)) @ cell]
+    for cutoff in (3.5, 3.5, 4.5):
+        for pos in steps:
+            i, j, S = wb.ops.neighbor_list(torch.tensor(pos), cutoff, cell=torch.tensor(cell), quantities="ijS")
+            assert triples(i, j, S) == ase_pairs(pos, cell, True, cutoff)
+
+
 def test_the_cutoff_is_strict_on_a_lattice():
     a, n = 1.0, 5
     grid = np.stack(np.meshgrid(*[np.arange(n)] * 3, indexing="ij"), -1).reshape(-1, 3) * a

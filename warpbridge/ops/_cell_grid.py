@@ -10,6 +10,9 @@ axis has one bin there and a walk reaches across as many cells as the cutoff spa
 
 from __future__ import annotations
 
+import threading
+from typing import Any, NamedTuple
+
 import numpy as np
 import warp as wp
 
@@ -154,12 +157,66 @@ def _resized(a: np.ndarray, rows: int, kept: int) -> np.ndarray:
     return b
 
 
+class _Layout(NamedTuple):
+    """What the bins of a call's structures are, before any atom is put in them: the Grid (its
+    arrays this thread's kept scratch, ``wrap`` among them until a call finds no atom wrapped),
+    the structures' first atoms, the rows of their lattices' inverses and where their bins
+    start and reach (fractional), the first bin of each, and per structure the pairs of an
+    atom where each bin holds one (``_per_atom``)."""
+
+    grid: Any
+    wrap: wp.array
+    first: wp.array
+    rows: wp.array
+    extent: wp.array
+    firsts: np.ndarray
+    per_atom: np.ndarray
+
+
+_LAST = threading.local()  # this thread's last layout of periodic structures, by what made it
+
+
 def _binned(k, pos: np.ndarray, starts: np.ndarray, cells: np.ndarray, periodic: np.ndarray, cutoff: float) -> tuple:
     """(each atom's (bin x, y, z, structure), -1 three times where not finite; each atom's
     place in bin order; the Grid of all structures, its atoms sorted into their bins; about
-    how many pairs a full list holds, ``_pairs_estimate``)."""
+    how many pairs a full list holds, rather more than fewer).
+
+    Where every axis is periodic, nothing but the cells, the cutoff and the atoms per structure
+    shapes the bins: this thread's last layout is taken again while they are the same (the
+    steps of a training loop or a simulation)."""
     n, device = len(pos), wp.get_device("cpu")
-    x, first = _over(pos, wp.vec3d), _over(starts, wp.int64)
+    x = _over(pos, wp.vec3d)
+    key = (cells.tobytes(), periodic.tobytes(), float(cutoff), starts.tobytes()) if periodic.all() else None
+    last = getattr(_LAST, "layout", None)
+    layout = last[1] if key is not None and last is not None and last[0] == key else None
+    if layout is None:
+        layout = _layout(k, x, starts, cells, periodic, cutoff)
+        _LAST.layout = (key, layout) if key is not None else None
+    grid = layout.grid
+    grid.wrap = layout.wrap  # the kernel writes every atom's wraps
+    home = cpu_launch.kept("cell_home", (n,), wp.vec4i, device)
+    place = cpu_launch.kept("cell_place", (n,), wp.int32, device)
+    wrapped = cpu_launch.kept("cell_wrapped", (1,), wp.int32, device)
+    before = [x, layout.first, layout.rows, layout.extent, grid]
+    cpu_launch.launch_queries(k.atoms_to_bins, 1, 1, before, [home, place, wrapped], device, None)
+    if not wrapped.numpy()[0]:
+        grid.wrap = cpu_launch.nothing((0,), k.vec3l, device)
+    return home, place, grid, _pairs_estimate(grid, layout)
+
+
+def _pairs_estimate(grid: Any, layout: _Layout) -> int:
+    """About how many pairs a full list over the binned atoms holds, rather more than fewer:
+    the squares of the bins' atoms times their structure's pairs per atom (``_per_atom``)."""
+    occupancy = np.diff(grid.bin_start.numpy()[: layout.firsts[-1] + 1]).astype(np.int64)
+    if not len(occupancy):
+        return 0
+    return int(1.1 * float(np.add.reduceat(occupancy**2, layout.firsts[:-1]) @ layout.per_atom)) + 1024
+
+
+def _layout(k, x: wp.array, starts: np.ndarray, cells: np.ndarray, periodic: np.ndarray, cutoff: float) -> _Layout:
+    """The bins of the structures at ``starts`` of the atoms ``x`` (see ``_Layout``)."""
+    n, device = x.shape[0], wp.get_device("cpu")
+    first = _over(starts, wp.int64)
     lattice = np.where(periodic.any(1)[:, None, None], cells, np.eye(3))  # the identity where no axis is periodic
     inverse = np.linalg.inv(lattice)
     rows = _over(inverse, wp.vec3d)  # rows of each inverse: f = x @ inverse
@@ -168,6 +225,7 @@ def _binned(k, pos: np.ndarray, starts: np.ndarray, cells: np.ndarray, periodic:
     firsts = np.zeros(len(shape) + 1, dtype=np.int64)
     np.cumsum(shape.prod(1), out=firsts[1:])
     bits = periodic @ np.array([1, 2, 4])
+    wrap = cpu_launch.kept("cell_wrap", (n,), k.vec3l, device)
     grid = _launches.struct(
         k.Grid,
         cells=_over(lattice, wp.vec3d),
@@ -176,33 +234,20 @@ def _binned(k, pos: np.ndarray, starts: np.ndarray, cells: np.ndarray, periodic:
         xyz=cpu_launch.kept("cell_xyz", (3, n + 16), wp.float64, device),
         atoms=cpu_launch.kept("cell_atoms", (n,), wp.int32, device),
         bin_start=cpu_launch.kept("cell_bin_start", (int(firsts[-1]) + 3,), wp.int32, device),
-        wrap=cpu_launch.kept("cell_wrap", (n,), k.vec3l, device),
+        wrap=wrap,
     )
-    home = cpu_launch.kept("cell_home", (n,), wp.vec4i, device)
-    place = cpu_launch.kept("cell_place", (n,), wp.int32, device)
-    wrapped = cpu_launch.kept("cell_wrapped", (1,), wp.int32, device)
     extent = _over(np.stack([lo, span], 1), wp.vec3d)
-    cpu_launch.launch_queries(
-        k.atoms_to_bins, 1, 1, [x, first, rows, extent, grid], [home, place, wrapped], device, None
-    )
-    if not wrapped.numpy()[0]:
-        grid.wrap = cpu_launch.nothing((0,), k.vec3l, device)
-    occupancy = np.diff(grid.bin_start.numpy()[: firsts[-1] + 1])
-    return home, place, grid, _pairs_estimate(occupancy, firsts, lattice, span / shape, reach, cutoff)
+    return _Layout(grid, wrap, first, rows, extent, firsts, _per_atom(lattice, span / shape, reach, cutoff))
 
 
-def _pairs_estimate(occupancy, firsts, lattice, sides, reach, cutoff: float) -> int:
-    """About how many pairs a full list holds, rather more than fewer: each bin's atoms times
-    the atoms a sphere of the cutoff holds at the bin's density (at most the atoms of the bins
-    a walk visits). ``occupancy``: the atoms in each bin; ``sides``: each structure's bin
-    edges in fractional coordinates."""
-    if not len(occupancy):
-        return 0
-    squares = np.add.reduceat(occupancy.astype(np.int64) ** 2, firsts[:-1])
+def _per_atom(lattice: np.ndarray, sides: np.ndarray, reach: np.ndarray, cutoff: float) -> np.ndarray:
+    """Per structure, the pairs of an atom where each bin holds one atom: the atoms a sphere of
+    the cutoff holds at that density, at most the bins a walk visits. Times the squares of the
+    bins' atoms, about how many pairs a full list holds. ``sides``: the bins' edges in
+    fractional coordinates."""
     volume = np.abs(np.linalg.det(lattice)) * sides.prod(1)  # of one bin
     sphere = 4 / 3 * np.pi * cutoff**3
-    per_atom = np.minimum(sphere / np.where(volume > 0, volume, 1e-300), np.prod(2 * reach + 1, axis=1))
-    return int(1.1 * float(squares @ per_atom)) + 1024
+    return np.minimum(sphere / np.where(volume > 0, volume, 1e-300), np.prod(2 * reach + 1, axis=1))
 
 
 def _extent(k, x: wp.array, first: wp.array, rows: wp.array, periodic: np.ndarray) -> tuple:
