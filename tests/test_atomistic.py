@@ -139,6 +139,23 @@ def test_steps_of_a_simulation_in_the_same_cell_each_get_their_own_pairs():
             assert triples(i, j, S) == ase_pairs(pos, cell, True, cutoff)
 
 
+def test_steps_of_a_cluster_each_get_their_own_pairs():
+    """Without a cell the bins also depend on the atoms' range: a step whose atoms leave the
+    last call's bins (the cluster spreads; a flat molecule bends out of its plane) gets bins of
+    its own, and every step matches ASE."""
+    from warpbridge.ops import _cell_grid
+
+    flat = np.concatenate([rng.random((40, 2)) * 6, np.zeros((40, 1))], 1)
+    bent = flat + np.array([0, 0, 1.0]) * (np.arange(40) % 3 == 0)[:, None]
+    cluster = rng.random((60, 3)) * 5
+    steps = [(cluster, True), (cluster * 1.004, False), (cluster * 2.5 - 3, True), (flat, True), (flat, False)]
+    for pos, anew in [*steps, (bent, True)]:
+        before = getattr(_cell_grid._LAST, "layout", None)
+        i, j, S = wb.ops.neighbor_list(torch.tensor(pos), 1.6, quantities="ijS")
+        assert triples(i, j, S) == ase_pairs(pos, np.eye(3), False, 1.6)
+        assert (_cell_grid._LAST.layout is not before) == anew
+
+
 def test_the_cutoff_is_strict_on_a_lattice():
     a, n = 1.0, 5
     grid = np.stack(np.meshgrid(*[np.arange(n)] * 3, indexing="ij"), -1).reshape(-1, 3) * a

@@ -181,25 +181,31 @@ def _binned(k, pos: np.ndarray, starts: np.ndarray, cells: np.ndarray, periodic:
     place in bin order; the Grid of all structures, its atoms sorted into their bins; about
     how many pairs a full list holds, rather more than fewer).
 
-    Where every axis is periodic, nothing but the cells, the cutoff and the atoms per structure
-    shapes the bins: this thread's last layout is taken again while they are the same (the
-    steps of a training loop or a simulation)."""
+    The bins are shaped by the cells, the cutoff, the atoms per structure and, along the axes
+    that are not periodic, the atoms' range: this thread's last layout is taken again while the
+    first three are the same, and made anew when the binning finds an atom outside its bins
+    (the steps of a training loop or a simulation; its bins span 1% more than the atoms that
+    made it)."""
     n, device = len(pos), wp.get_device("cpu")
     x = _over(pos, wp.vec3d)
-    key = (cells.tobytes(), periodic.tobytes(), float(cutoff), starts.tobytes()) if periodic.all() else None
+    key = (cells.tobytes(), periodic.tobytes(), float(cutoff), starts.tobytes())
     last = getattr(_LAST, "layout", None)
-    layout = last[1] if key is not None and last is not None and last[0] == key else None
-    if layout is None:
-        layout = _layout(k, x, starts, cells, periodic, cutoff)
-        _LAST.layout = (key, layout) if key is not None else None
-    grid = layout.grid
-    grid.wrap = layout.wrap  # the kernel writes every atom's wraps
+    layout = last[1] if last is not None and last[0] == key else None
     home = cpu_launch.kept("cell_home", (n,), wp.vec4i, device)
     place = cpu_launch.kept("cell_place", (n,), wp.int32, device)
-    wrapped = cpu_launch.kept("cell_wrapped", (1,), wp.int32, device)
-    before = [x, layout.first, layout.rows, layout.extent, grid]
-    cpu_launch.launch_queries(k.atoms_to_bins, 1, 1, before, [home, place, wrapped], device, None)
-    if not wrapped.numpy()[0]:
+    flags = cpu_launch.kept("cell_flags", (2,), wp.int32, device)
+    for fresh in (layout is None, True):
+        if fresh:
+            layout = _layout(k, x, starts, cells, periodic, cutoff)
+            _LAST.layout = (key, layout)
+        grid = layout.grid
+        grid.wrap = layout.wrap  # the kernel writes every atom's wraps
+        before = [x, layout.first, layout.rows, layout.extent, grid]
+        cpu_launch.launch_queries(k.atoms_to_bins, 1, 1, before, [home, place, flags], device, None)
+        wrapped, outside = flags.numpy()
+        if fresh or not outside:
+            break
+    if not wrapped:
         grid.wrap = cpu_launch.nothing((0,), k.vec3l, device)
     return home, place, grid, _pairs_estimate(grid, layout)
 
@@ -221,6 +227,8 @@ def _layout(k, x: wp.array, starts: np.ndarray, cells: np.ndarray, periodic: np.
     inverse = np.linalg.inv(lattice)
     rows = _over(inverse, wp.vec3d)  # rows of each inverse: f = x @ inverse
     lo, span = _extent(k, x, first, rows, periodic)
+    margin = np.where(periodic, 0.0, 0.005 * span)
+    lo, span = lo - margin, span + 2 * margin
     shape, reach = _bins(inverse, lo, span, periodic, np.diff(starts), cutoff)
     firsts = np.zeros(len(shape) + 1, dtype=np.int64)
     np.cumsum(shape.prod(1), out=firsts[1:])
@@ -237,7 +245,8 @@ def _layout(k, x: wp.array, starts: np.ndarray, cells: np.ndarray, periodic: np.
         wrap=wrap,
     )
     extent = _over(np.stack([lo, span], 1), wp.vec3d)
-    return _Layout(grid, wrap, first, rows, extent, firsts, _per_atom(lattice, span / shape, reach, cutoff))
+    per_atom = _per_atom(lattice, span / shape, reach, cutoff)
+    return _Layout(grid, wrap, first, rows, extent, firsts, per_atom)
 
 
 def _per_atom(lattice: np.ndarray, sides: np.ndarray, reach: np.ndarray, cutoff: float) -> np.ndarray:

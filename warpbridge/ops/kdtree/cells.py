@@ -162,6 +162,20 @@ def home_of(
     return h
 
 
+@func
+def spanned(
+    x: wp.vec3d, inverse: wp.array2d(dtype=wp.vec3d), b: int, periodic: int, lo: wp.vec3d, span: wp.vec3d
+) -> int:
+    # 1 where the finite x lies within structure b's bins along every axis that is not
+    # periodic (lo, span: where they start and how far they reach, fractional), else 0.
+    f = fractional(x, inverse, b)
+    inside = 1
+    for axis in range(3):
+        if not (periodic & (1 << axis)) and (f[axis] < lo[axis] or f[axis] > lo[axis] + span[axis]):
+            inside = 0
+    return inside
+
+
 @kernel
 def frac_extent(
     x: wp.array(dtype=wp.vec3d),
@@ -199,18 +213,21 @@ def atoms_to_bins(
     offset: int,
     home: wp.array(dtype=wp.vec4i),
     place: wp.array(dtype=wp.int32),
-    wrapped: wp.array(dtype=wp.int32),
+    flags: wp.array(dtype=wp.int32),
 ):
     # One thread: each atom's bin (home[a]: its bin x, y, z and structure; -1 three times
     # where not finite), then a stable counting sort by bin (the atoms that are not finite
     # last): grid.atoms, grid.bin_start and each atom's place; the points wrapped into their
     # cell (grid.xyz, padded with inf) and their wraps (grid.wrap) in that order.
     # extent[b]: where structure b's bins start and how far they reach, in fractional
-    # coordinates. wrapped[0]: 1 where an atom was wrapped, else 0.
+    # coordinates. flags[0]: 1 where an atom was wrapped, else 0; flags[1]: 1 where an atom
+    # lies outside its structure's bins along an axis that is not periodic (clamped into the
+    # nearest: the pairs are right, the walk slower), else 0.
     n = x.shape[0]
     bins = grid.bin_start.shape[0] - 3  # the bins of every structure; one more for the atoms not finite
     for t in range(bins + 3):
         grid.bin_start[t] = 0
+    outside = int(0)
     for b in range(starts.shape[0] - 1):
         g = grid.shape[b]
         for a in range(int(starts[b]), int(starts[b + 1])):
@@ -218,6 +235,8 @@ def atoms_to_bins(
             bin = bins
             if h[0] >= 0:
                 bin = g[3] + (h[0] * g[1] + h[1]) * g[2] + h[2]
+                if spanned(x[a], inverse, b, grid.reach[b][3], extent[b, 0], extent[b, 1]) == 0:
+                    outside = 1
             home[a] = h
             place[a] = bin  # the bin, until the sort below replaces it with the place
             grid.bin_start[bin + 2] += 1
@@ -244,7 +263,8 @@ def atoms_to_bins(
     for p in range(n, n + 16):
         for axis in range(3):
             grid.xyz[axis, p] = wp.float64(wp.inf)
-    wrapped[0] = any_wrap
+    flags[0] = any_wrap
+    flags[1] = outside
 
 
 @kernel
