@@ -6,11 +6,13 @@ library takes a batch, else a loop) and a non-periodic cluster; the pairs are ch
 vesin's first. Plus one force-matching train step (create_graph) on warpbridge's and
 vesin-torch's differentiable distances.
 
-Medians of per-call wall times (i, j, S and d), one thread and default threads; matscipy,
+Medians of per-call wall times (i, j, S and d) of 15 calls in a row per library (3 at 10^6
+atoms), or with ``--interleaved`` of 15 rounds that call each library once in turn (each then
+meets the caches and the memory the others leave), one thread and default threads; matscipy,
 nvalchemiops and vesin-torch where installed (the ``peers`` dependency group).
 
-Usage: python benchmarks/atomistic.py [--quick]
-       -> table + benchmarks/results/atomistic-<machine>.json
+Usage: python benchmarks/atomistic.py [--quick] [--interleaved]
+       -> table + benchmarks/results/atomistic[-interleaved]-<machine>.json
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ sys.path.insert(0, HERE)
 import distributions as D  # noqa: E402
 
 import warpbridge as wb  # noqa: E402
-from warpbridge._cli.measure import median_ms  # noqa: E402
+from warpbridge._cli.measure import interleaved_ms, median_ms  # noqa: E402
 
 CUTOFF = 5.0
 
@@ -155,6 +157,11 @@ def rows(quick: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--interleaved",
+        action="store_true",
+        help="rounds that call each library once in turn, not each library's calls in a row",
+    )
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
     t0, default_threads = time.perf_counter(), wb.ops.get_num_threads()
@@ -163,15 +170,18 @@ def main() -> None:
         for threads in (1, default_threads):
             wb.ops.set_num_threads(threads)
             torch.set_num_threads(threads)
-            few = "ASE" in peers or "1000000" in name
-            times = {who: median_ms(fn, "cpu", 3 if few else 7) for who, fn in peers.items()}
+            rounds = 3 if "1000000" in name else 15
+            if args.interleaved:
+                times = interleaved_ms(peers, "cpu", rounds)
+            else:
+                times = {who: median_ms(fn, "cpu", rounds) for who, fn in peers.items()}
             ratio = times["warpbridge"] / min(t for who, t in times.items() if who != "warpbridge")
             results.append({"case": name, "threads": threads, "ms": times, "vs_fastest_peer": ratio})
             cells = "  ".join(f"{who} {t:9.2f}" for who, t in times.items())
             print(f"{name:<40} {threads} thr  {cells}  (warpbridge / fastest peer {ratio:.2f})", flush=True)
     wb.ops.set_num_threads(None)
     torch.set_num_threads(default_threads)
-    print("->", D.save(args.out, "atomistic", results, t0))
+    print("->", D.save(args.out, "atomistic-interleaved" if args.interleaved else "atomistic", results, t0))
 
 
 if __name__ == "__main__":

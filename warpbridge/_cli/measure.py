@@ -30,6 +30,25 @@ def median_ms(fn: Callable[[], Any], device: str, repeat: int, warmup: int = 1) 
     return statistics.median(times)
 
 
+def interleaved_ms(fns: dict[str, Callable[[], Any]], device: str, rounds: int, warmup: int = 1) -> dict[str, float]:
+    """Median wall time of each of ``fns`` in milliseconds, measured in ``rounds`` rounds that
+    call each once in turn (the device synchronised around each call): every function meets
+    the caches and the memory the others leave, as a call in a training loop meets the
+    model's, and a drift of the machine's load reaches all of them alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list] = {who: [] for who in fns}
+    for _ in range(rounds):
+        for who, fn in fns.items():
+            sync(device)
+            t = time.perf_counter()
+            fn()
+            sync(device)
+            times[who].append((time.perf_counter() - t) * 1e3)
+    return {who: statistics.median(ts) for who, ts in times.items()}
+
+
 def per_call_ms(fn: Callable[[], Any], rounds: int, calls: int = 100, warmup: int = 20) -> float:
     """Milliseconds per call of a CPU ``fn`` too short to time alone: the median over
     ``rounds`` of the mean of ``calls`` calls, after ``warmup`` calls."""
