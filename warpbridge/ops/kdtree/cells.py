@@ -59,23 +59,17 @@ _EACH = native("cells_each.h").replace("GROUP_BITS", _GROUP)
 _COUNT_BIN = native("cells_count_bin.h").replace("GROUP_BITS", _GROUP)
 _COUNT = "int count = 0;\n" + _WALK.replace("RESULT", "count").replace("INNER", _COUNT_BIN)
 
-# fill: the walk gathers a row of up to ROW pairs (its length is known from the count) in local
-# arrays, G candidates of a bin at a time (their distances vectorise), buckets them by squared
-# distance (stable), sorts the buckets by insertion (ties keep the walk's order) and writes the
-# row in order. A longer row is written in the walk's order and sorted in place by insertion.
+# fill: the walk gathers a row of up to ROW pairs in local arrays, G candidates of a bin at a
+# time (their distances vectorise), buckets them by squared distance (stable), sorts the
+# buckets by insertion (ties keep the walk's order) and writes the row at s0 on; a longer row
+# goes straight to its place and is sorted there by insertion. `room`: how many pairs fit at
+# s0 on (a row that does not fit is not written, and -1 returned).
 _FILL_START = native("cells_fill_start.h")
 _VISIT_FILL = native("cells_visit_fill.h")
 _FILL_END = native("cells_fill_end.h")
-_FILL_ROW = _FILL_START + (_WALK.rsplit("return RESULT;", 1)[0] + _FILL_END).replace("RESULT", "n").replace(
+_FILL = _FILL_START + (_WALK.rsplit("return RESULT;", 1)[0] + _FILL_END).replace("RESULT", "n").replace(
     "INNER", _EACH.replace("VISIT", _VISIT_FILL)
 )
-# where a row goes (s0) and how many pairs fit there (room): its counted place, or the room
-# left past the cursor
-_FILL = (
-    "const wp::int64 s0 = *wp::address(offsets, i);\nconst wp::int64 room = *wp::address(offsets, i + 1) - s0;\n"
-    + _FILL_ROW
-)
-_FILL_AT = "const wp::int64 s0 = cursor;\nconst wp::int64 room = js.shape[0] - cursor;\n" + _FILL_ROW
 
 
 @template.func_native(_COUNT)
@@ -88,22 +82,8 @@ def fill_pairs(
     home: wp.array(dtype=wp.vec4i),
     place: wp.array(dtype=wp.int32),
     grid: Grid,
-    offsets: wp.array(dtype=wp.int64),
-    pair_i: wp.array(dtype=wp.int64),
-    js: wp.array(dtype=wp.int64),
-    shifts: wp.array(dtype=vec3l),
-    dist: wp.array(dtype=wp.float64),
-    vectors: wp.array(dtype=wp.vec3d),
-) -> int: ...
-
-
-@template.func_native(_FILL_AT)
-def fill_pairs_at(
-    i: int,
-    home: wp.array(dtype=wp.vec4i),
-    place: wp.array(dtype=wp.int32),
-    grid: Grid,
-    cursor: wp.int64,
+    s0: wp.int64,
+    room: wp.int64,
     pair_i: wp.array(dtype=wp.int64),
     js: wp.array(dtype=wp.int64),
     shifts: wp.array(dtype=vec3l),
@@ -284,7 +264,7 @@ def pair_fill(
     # Atom i's pairs at offsets[i] on: i, neighbours, returned shifts (the bin's, corrected by
     # the wraps), distances and, where `vectors` is not empty, the vectors D; sorted by distance.
     i = int(grid.atoms[wp.tid() * stride + offset])  # in bin order: neighbouring atoms walk the same bins
-    fill_pairs(i, home, place, grid, offsets, pair_i, js, shifts, dist, vectors)
+    fill_pairs(i, home, place, grid, offsets[i], offsets[i + 1] - offsets[i], pair_i, js, shifts, dist, vectors)
 
 
 @kernel
@@ -307,7 +287,8 @@ def pair_run(
     a = progress[0]
     cursor = progress[1]
     while a < wp.int64(home.shape[0]):
-        written = fill_pairs_at(int(a), home, place, grid, cursor, pair_i, js, shifts, dist, vectors)
+        room = wp.int64(js.shape[0]) - cursor
+        written = fill_pairs(int(a), home, place, grid, cursor, room, pair_i, js, shifts, dist, vectors)
         if written < 0:
             break
         cursor += wp.int64(written)

@@ -1,7 +1,7 @@
 
 constexpr int ROW = 256;
 typedef wp::vec_t<3, wp::int64> vec3l;
-// s0: where the row goes; room: how many pairs fit there (both set before this)
+// s0: where the row goes; room: how many pairs fit there (arguments)
 const bool with_vectors = vectors.shape[0] > 0;
 const bool wrapped = grid.wrap.shape[0] > 0;
 const vec3l wi = wrapped ? *wp::address(grid.wrap, *wp::address(place, i)) : vec3l();
