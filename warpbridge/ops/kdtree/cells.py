@@ -237,7 +237,8 @@ def atoms_to_bins(
                 any_wrap = 1
                 shift = wp.float64(w[0]) * grid.cells[b, 0] + wp.float64(w[1]) * grid.cells[b, 1]
                 y = y - (shift + wp.float64(w[2]) * grid.cells[b, 2])
-        grid.wrap[p] = w
+        if p < grid.wrap.shape[0]:  # (the caller passes every atom's room; never past an array's end)
+            grid.wrap[p] = w
         for axis in range(3):
             grid.xyz[axis, p] = y[axis]
     for p in range(n, n + 16):
