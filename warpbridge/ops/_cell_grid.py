@@ -46,10 +46,10 @@ def pairs(
     (ties in the walk's order); d and D float64 values (D None unless ``vectors``). ``pos``:
     (N, 3) float64, the structures' atoms at ``starts``.
 
-    Up to about ONE_THREAD_PAIRS pairs, or where one thread is all there is, one thread writes
-    the rows in one pass, in atom order, into arrays sized by an estimate that grow when it
-    falls short; else each atom's pairs are counted first and the threads write the rows at
-    their places."""
+    Up to ONE_PASS_ATOMS atoms, and where the estimate is at most ONE_THREAD_PAIRS pairs or one
+    thread is all there is, one thread writes the rows in one pass, in atom order, into arrays
+    sized by the estimate that grow when it falls short; else each atom's pairs are counted
+    first and the threads write the rows at their places."""
     n, k = len(pos), kdtree.cell_kernels()
     home, place, grid, estimate = _binned(k, pos, starts, cells, periodic, cutoff)
     estimate = estimate if full else estimate // 2 + 512
@@ -133,8 +133,10 @@ def _host_view(a) -> np.ndarray:
 
 def _copied_out(found: list, e: int) -> list:
     """The first ``e`` pairs of the scratch arrays ``found``, copied into views of one new block
-    of memory: NumPy asks for huge pages from 4 MiB on, which one block reaches at a quarter of
-    the pairs each array would need (2 000 atoms: ~1 000 page faults a call, 1.2 ms, to ~3)."""
+    of memory of exactly their size, which a loop's next call takes again from the allocator
+    (fresh memory faulted every 4 KiB: a 2 000-atom cluster 500-1 000 faults a call, ~0.75 of
+    2.8 ms; now none); from 4 MiB on NumPy asks for huge pages, which one block reaches at a
+    quarter of the pairs each array would need."""
     rows = [e if len(a) else 0 for a in found]
     block = np.empty(sum(r * (a.shape[1] if a.ndim == 2 else 1) for r, a in zip(rows, found)), dtype=np.int64)
     out, at = [], 0
@@ -173,7 +175,7 @@ class _Layout(NamedTuple):
     per_atom: np.ndarray
 
 
-_LAST = threading.local()  # this thread's last layout of periodic structures, by what made it
+_LAST = threading.local()  # this thread's last layout of the bins, with the key it was made for
 
 
 def _binned(k, pos: np.ndarray, starts: np.ndarray, cells: np.ndarray, periodic: np.ndarray, cutoff: float) -> tuple:
@@ -301,6 +303,6 @@ def _check_visits(atoms: np.ndarray, reach: np.ndarray, heights: np.ndarray, cut
 
 
 def _over(values: np.ndarray, dtype) -> wp.array:
-    """A CPU Warp array over the contiguous NumPy array ``values`` that nothing writes (no copy:
+    """A CPU Warp array over the contiguous NumPy array ``values``, sharing its memory (no copy:
     ~10 us less an array; Warp keeps ``values`` alive)."""
     return wp.array(values, dtype=dtype, device="cpu", copy=False)
