@@ -103,10 +103,10 @@ def test_full_and_half_lists_match_vesin(name):
 @pytest.mark.parametrize("full_list", [True, False])
 @pytest.mark.parametrize("name", ["triclinic, pbc TFT", "dense: rows of ~700 pairs"])
 def test_every_way_of_writing_the_rows_gives_the_same_pairs(monkeypatch, name, full_list):
-    """One thread writes the rows in one pass (into kept scratch, copied out; or in place when
-    too big to keep), growing its arrays when the estimate falls short; several threads count
-    first. All four give the same i, j, S, d and D, bit for bit."""
-    from warpbridge.ops import _cell_grid, _cpu_launch
+    """One thread writes the rows in one pass, growing its arrays when the estimate falls
+    short (into a fresh block, or one a dropped result left with its old rows); several
+    threads count first. All give the same i, j, S, d and D, bit for bit."""
+    from warpbridge.ops import _cell_grid
 
     pos, cell, pbc, cutoff = STRUCTURES[name]
     args = (torch.tensor(pos), cutoff)
@@ -115,16 +115,38 @@ def test_every_way_of_writing_the_rows_gives_the_same_pairs(monkeypatch, name, f
     with monkeypatch.context() as m:
         m.setattr(_cell_grid, "_pairs_estimate", lambda *a: 1)  # the arrays grow, row after row
         grown = wb.ops.neighbor_list(*args, **kwargs)
-        m.setattr(_cpu_launch, "KEEP_BYTES", 0)  # written in place, then trimmed
-        in_place = wb.ops.neighbor_list(*args, **kwargs)
+        wb.ops.neighbor_list(*args, **kwargs)  # dropped: its blocks go back on the shelf
+        again = wb.ops.neighbor_list(*args, **kwargs)
     with monkeypatch.context() as m:
         m.setattr(_cell_grid, "_in_one_pass", lambda *a: None)
         counted = wb.ops.neighbor_list(*args, **kwargs)
-    # in place, the arrays start at one pair; the scratch at 4 096, which the dense rows pass
-    assert len(one_pass[0]) > 4096 or not name.startswith("dense")
-    for other in (grown, in_place, counted):
+    for other in (grown, again, counted):
         for a, b in zip(one_pass, other):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+def test_a_loop_that_drops_its_results_writes_into_their_memory_and_kept_results_stay(monkeypatch, framework):
+    """A step's pairs go into the memory of the step before, once the caller has dropped them
+    (no fresh pages); results the caller keeps, or a view of, are never written again."""
+    from warpbridge.ops import _lent_memory
+
+    monkeypatch.setattr(_lent_memory, "_SHELF", type(_lent_memory._SHELF)())
+    as_array = torch.tensor if framework == "torch" else np.asarray
+    pos, cell, pbc, cutoff = STRUCTURES["dense: rows of ~700 pairs"]
+    kept = wb.ops.neighbor_list(as_array(pos), cutoff, cell=as_array(cell), pbc=pbc, quantities="ijSd")
+    kept_view = wb.ops.neighbor_list(as_array(pos), cutoff, cell=as_array(cell), pbc=pbc, quantities="ijSd")[3][5:]
+    before = [np.array(a) for a in (*kept, kept_view)]
+    places = []
+    for _ in range(4):
+        moved = pos + 0.3 * rng.standard_normal(pos.shape)
+        i, j, S = wb.ops.neighbor_list(as_array(moved), cutoff, cell=as_array(cell), pbc=pbc, quantities="ijS")
+        assert triples(i, j, S) == ase_pairs(moved, cell, pbc, cutoff)
+        places.append(np.asarray(i).ctypes.data)
+        del i, j, S
+    assert len(set(places)) == 1 and len(_lent_memory._SHELF) <= _lent_memory.SHELF_BLOCKS
+    for a, b in zip((*kept, kept_view), before):
+        np.testing.assert_array_equal(np.asarray(a), b)
 
 
 def test_steps_of_a_simulation_in_the_same_cell_each_get_their_own_pairs():
@@ -350,3 +372,32 @@ def test_more_pairs_than_one_call_returns_are_refused_before_the_fill(monkeypatc
         wb.WarpBridgeError, match=r"^neighbor_list\(\): [\d,]+ pairs found, more than one call returns \(10\)"
     ):
         wb.ops.neighbor_list(torch.tensor(pos), cutoff, cell=torch.tensor(cell), pbc=pbc)
+
+
+def test_threads_calling_at_once_each_get_their_own_pairs():
+    """Threads that search at once, each dropping its results as it goes, share the shelf of
+    lent memory and the kept layouts without taking each other's: every call matches its
+    structure's list made alone."""
+    import threading
+
+    names = ["cubic box", "triclinic, pbc TFT", "dense: rows of ~700 pairs"]
+
+    def search(name):
+        pos, cell, pbc, cutoff = STRUCTURES[name]
+        return wb.ops.neighbor_list(torch.tensor(pos), cutoff, cell=torch.tensor(cell), pbc=pbc, quantities="ijSd")
+
+    alone = {name: [a.clone() for a in search(name)] for name in names}
+    wrong = []
+
+    def loop(name):
+        for _ in range(15):
+            found = search(name)
+            if not all(torch.equal(a, b) for a, b in zip(found, alone[name])):
+                wrong.append(name)
+
+    threads = [threading.Thread(target=loop, args=(name,)) for name in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong

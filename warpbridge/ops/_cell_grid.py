@@ -18,7 +18,7 @@ import warp as wp
 
 from .._core.errors import fail
 from . import _cpu_launch as cpu_launch
-from . import _launches, kdtree
+from . import _launches, _lent_memory, kdtree
 
 MAX_VISITS = 1 << 27  # the most (atom, cell image) pairs a structure's walks may visit
 MAX_PAIRS = (1 << 31) - 1  # the most pairs one call returns (Warp's array sizes are 32-bit)
@@ -63,22 +63,24 @@ def pairs(
     return (*found[:4], found[4] if vectors else None)
 
 
-def _pair_arrays(k, room: int, vectors: bool, scratch: bool = False) -> list:
-    """Uninitialised (i, j, S, d, D) arrays for ``room`` pairs (D empty unless ``vectors``):
-    NumPy's own (huge pages from 4 MiB on), or Warp's: this thread's kept scratch."""
-    if not scratch:
-        i, js, dist = np.empty(room, dtype=np.int64), np.empty(room, dtype=np.int64), np.empty(room)
-        return [i, js, np.empty((room, 3), dtype=np.int64), dist, np.empty((room if vectors else 0, 3))]
-    rows = (room, room, room, room, room if vectors else 0)
-    types = (wp.int64, wp.int64, k.vec3l, wp.float64, wp.vec3d)
-    return [cpu_launch.kept(f"pairs_{q}", (r,), t, wp.get_device("cpu")) for q, r, t in zip("ijSdD", rows, types)]
+def _pair_arrays(room: int, vectors: bool) -> list:
+    """Uninitialised (i, j, S, d, D) arrays for ``room`` pairs (D empty unless ``vectors``),
+    views of one block of lent memory (``_lent_memory``): a loop's next call takes the block
+    again once the caller has dropped these."""
+    widths = (1, 1, 3, 1, 3 if vectors else 0)
+    block = _lent_memory.lend(room * sum(widths) * 8)
+    found, at = [], 0
+    for width, dtype in zip(widths, (np.int64, np.int64, np.int64, np.float64, np.float64)):
+        rows = room if width else 0
+        found.append(block[at : at + rows * width].view(dtype).reshape((rows, 3) if width != 1 else rows))
+        at += rows * width
+    return found
 
 
 def _launch_fill(k, kernel, m: int, before: list, found: list) -> None:
-    """``kernel`` (pair_fill or pair_run) over ``m`` atoms, into the ``found`` arrays (NumPy's or
-    Warp's)."""
+    """``kernel`` (pair_fill or pair_run) over ``m`` atoms, into the ``found`` arrays."""
     types = (wp.int64, wp.int64, k.vec3l, wp.float64, wp.vec3d)
-    after = [a if isinstance(a, wp.array) else _over(a, t) for a, t in zip(found, types)]
+    after = [_over(a, t) for a, t in zip(found, types)]
     _launches.launch(kernel, m, before, after, wp.get_device("cpu"))
 
 
@@ -95,23 +97,17 @@ def _counted(k, before: list, n: int, vectors: bool) -> list:
             "neighbor_list",
             f"{e:,} pairs found, more than one call returns ({MAX_PAIRS:,}); use a smaller cutoff or fewer structures per call",
         )
-    found = _pair_arrays(k, e, vectors)
+    found = _pair_arrays(e, vectors)
     _launch_fill(k, k.pair_fill, n, [*before, _over(offsets, wp.int64)], found)
     return found
 
 
 def _in_one_pass(k, before: list, n: int, estimate: int, vectors: bool) -> list | None:
     """The pairs in one pass on one thread, into arrays of about ``estimate`` pairs that grow by
-    half whenever the next row does not fit; None past MAX_PAIRS (the count then tells how many).
-
-    Where the arrays stay within ``cpu_launch.KEEP_BYTES``, the rows go into this thread's kept
-    scratch (the fill then never meets fresh memory) and are copied out (``_copied_out``);
-    bigger ones are written in place, then trimmed."""
-    room = 1 << max(12, (estimate - 1).bit_length())  # steady across calls, so the scratch is kept
-    scratch = room * 24 <= cpu_launch.KEEP_BYTES
-    room = room if scratch else estimate
+    half whenever the next row does not fit; None past MAX_PAIRS (the count then tells how many)."""
+    room = estimate
     progress = np.zeros(2, dtype=np.int64)  # the next atom, the next place
-    found = _pair_arrays(k, room, vectors, scratch)
+    found = _pair_arrays(room, vectors)
     while True:
         _launch_fill(k, k.pair_run, 1, [*before, _over(progress, wp.int64)], found)
         if progress[0] == n:
@@ -119,44 +115,16 @@ def _in_one_pass(k, before: list, n: int, estimate: int, vectors: bool) -> list 
         room = room + room // 2 + 1024
         if room > MAX_PAIRS:
             return None
-        found = [_resized(_host_view(a), room if len(a) or vectors else 0, int(progress[1])) for a in found]
-    e = int(progress[1])
-    if any(isinstance(a, wp.array) for a in found):
-        return _copied_out([_host_view(a) for a in found], e)
-    return [_resized(a, e if len(a) else 0, e) for a in found]
+        found = _grown(found, room, vectors, int(progress[1]))
+    return [a[: int(progress[1]) if len(a) else 0] for a in found]
 
 
-def _host_view(a) -> np.ndarray:
-    """A NumPy view of the Warp array ``a``'s memory, or the NumPy array ``a``."""
-    return a.numpy() if isinstance(a, wp.array) else a
-
-
-def _copied_out(found: list, e: int) -> list:
-    """The first ``e`` pairs of the scratch arrays ``found``, copied into views of one new block
-    of memory of exactly their size, which a loop's next call takes again from the allocator
-    (fresh memory faulted every 4 KiB: a 2 000-atom cluster 500-1 000 faults a call, ~0.75 of
-    2.8 ms; now none); from 4 MiB on NumPy asks for huge pages, which one block reaches at a
-    quarter of the pairs each array would need."""
-    rows = [e if len(a) else 0 for a in found]
-    block = np.empty(sum(r * (a.shape[1] if a.ndim == 2 else 1) for r, a in zip(rows, found)), dtype=np.int64)
-    out, at = [], 0
-    for a, r in zip(found, rows):
-        part = block[at : at + r * (a.shape[1] if a.ndim == 2 else 1)].view(a.dtype).reshape(r, *a.shape[1:])
-        part[...] = a[:r]
-        out.append(part)
-        at += part.size
-    return out
-
-
-def _resized(a: np.ndarray, rows: int, kept: int) -> np.ndarray:
-    """``a`` with ``rows`` rows, the first ``kept`` as they were: in place where ``a`` owns its
-    memory (no copy where the allocator can move the end), else copied out of the scratch."""
-    if a.flags.owndata:
-        a.resize((rows, *a.shape[1:]), refcheck=False)
-        return a
-    b = np.empty((rows, *a.shape[1:]), dtype=a.dtype)
-    b[:kept] = a[:kept]
-    return b
+def _grown(found: list, room: int, vectors: bool, kept: int) -> list:
+    """Arrays of ``room`` pairs holding the first ``kept`` of ``found``."""
+    grown = _pair_arrays(room, vectors)
+    for old, new in zip(found, grown):
+        new[:kept] = old[:kept]
+    return grown
 
 
 class _Layout(NamedTuple):
