@@ -201,7 +201,7 @@ def _output_grad(fw: Any, p: Param, shape: tuple, g: Any, device: Any, private: 
         if private or (p.inner_shape and not inner_contiguous(p, gshape, gstrides)):
             g = fw.private_copy(g)
     _, _, gstrides, itemsize, _ = fw.meta(g)
-    return g, (fw.ptr(g), tuple(s * itemsize for s in gstrides[: p.ndim]))
+    return g, (fw.ptr(g), tuple(map(itemsize.__mul__, gstrides[: p.ndim])))
 
 
 def _replay(plan: Plan, ins: Sequence[int], scalars: Sequence[Any], fw: Any, device: Any, stream: Any) -> list:
@@ -231,33 +231,33 @@ def _custom_backward(
     wanted = [need and p.differentiable for p, need in zip(sig.array_inputs, needs)]
     if not any(wanted):
         return [None] * len(arrays)
-    keep: list = []
-    ins = [fw.ptr(a) for a in arrays]
+    keywords = None
+    if cb.takes_needs:
+        keywords = {"needs_input_grad": tuple(w for p, w in zip(sig.array_inputs, wanted) if p.differentiable)}
+    # The framework's pointers and zeroed arrays are taken after this module's own work, in
+    # one run of calls.
     if outputs is None:
-        outputs = _replay(plan, ins, scalars, fw, device, stream)
-    outputs = list(outputs)
-    keep.extend(outputs)
-    g_ptrs, g_layouts = [], []
+        outputs = _replay(plan, list(map(fw.ptr, arrays)), scalars, fw, device, stream)
+    g_ptrs, g_layouts, keep = [], [], list(outputs)
     for p, shape, g in zip(sig.outputs, plan.out_shapes, grads):
-        if not p.carries_grad:
-            continue
-        g, (ptr, strides) = _output_grad(fw, p, shape, g, device, private=False)
-        keep.append(g)
-        g_ptrs.append(ptr)
-        g_layouts.append((shape, strides))
-    in_grads = []
+        if p.carries_grad:
+            g, (ptr, strides) = _output_grad(fw, p, shape, g, device, private=False)
+            keep.append(g)
+            g_ptrs.append(ptr)
+            g_layouts.append((shape, strides))
     given = list(targets) if targets is not None else [None] * len(arrays)
+    in_grads, result = [], []  # what the backward fills; what the caller gets
     for p, a, t in zip(sig.array_inputs, arrays, given):
+        g = None
         if p.differentiable:
             dtype_name, shape, *_ = fw.meta(a)
-            in_grads.append(t if t is not None else fw.zeros(shape, dtype_name, device))
+            g = t if t is not None else fw.zeros(shape, dtype_name, device)
+            in_grads.append(g)
+        result.append(None if t is not None else g)
     key = ("backward", tuple(g_layouts))  # the backward's plan lives as long as the forward's
     bplan = plan.cache.get(key)
     if bplan is None:
         bplan = plan.cache[key] = cb.plan(plan, key[1])
-    b_ins = ins + [fw.ptr(o) for o in outputs] + g_ptrs
-    b_outs = [fw.ptr(g) for g in in_grads]
-    keywords = None
     if bplan.takes_values != plan.takes_values:  # packed scalars (16-bit floats as bits), or the values
         scalars = (
             [
@@ -267,10 +267,7 @@ def _custom_backward(
             if bplan.takes_values
             else [pack(v) for pack, v in zip(packers(sig), scalars)]
         )
-    if cb.takes_needs:
-        keywords = {"needs_input_grad": tuple(w for p, w in zip(sig.array_inputs, wanted) if p.differentiable)}
-    bplan.run(b_ins, scalars, b_outs, stream, keywords)
+    b_ins = list(map(fw.ptr, arrays)) + list(map(fw.ptr, outputs)) + g_ptrs
+    bplan.run(b_ins, scalars, list(map(fw.ptr, in_grads)), stream, keywords)
     del keep
-    grads_iter = iter(in_grads)
-    result = [next(grads_iter) if p.differentiable else None for p in sig.array_inputs]
-    return [None if t is not None else g for g, t in zip(result, given)]
+    return result

@@ -81,14 +81,14 @@ def _launch_fill(k, kernel, m: int, before: list, found: list) -> None:
     """``kernel`` (pair_fill or pair_run) over ``m`` atoms, into the ``found`` arrays."""
     types = (wp.int64, wp.int64, k.vec3l, wp.float64, wp.vec3d)
     after = [_over(a, t) for a, t in zip(found, types)]
-    _launches.launch(kernel, m, before, after, wp.get_device("cpu"))
+    cpu_launch.launch(kernel, m, before, after, wp.get_device("cpu"))
 
 
 def _counted(k, before: list, n: int, vectors: bool) -> list:
     """The pairs, each atom's counted first (a pass of the walk), then written at their places."""
     device = wp.get_device("cpu")
     counts = cpu_launch.kept("cell_counts", (n,), wp.int64, device)
-    _launches.launch(k.pair_count, n, before, [counts], device)
+    cpu_launch.launch(k.pair_count, n, before, [counts], device)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts.numpy(), out=offsets[1:])
     e = int(offsets[-1])

@@ -40,7 +40,7 @@ def check_clouds(op: str, adapter: Any, arrays: dict[str, Any], features: str = 
     (the array named ``features``, one row per point of the second cloud), one float dtype,
     one device; the dtype. ``arrays``: the query points, the reference points (or one
     cloud), then any features, by the caller's names."""
-    return _cloud_metas(op, adapter, arrays, features)[0][0]
+    return _cloud_metas(op, dict(zip(arrays, map(adapter.info, arrays.values()))), features)[0][0]
 
 
 class Checked(NamedTuple):
@@ -61,15 +61,15 @@ def checked(op: str, arrays: dict[str, Any], clouds: dict[str, Any], numbers: di
     the op computes in)."""
     features = list(arrays)[2] if len(arrays) == 3 else ""
     a = adapter_of(op, arrays, clouds, features)
-    (dtype, (m, dim), _), *_ = _cloud_metas(op, a, arrays, features)
+    metas = dict(zip(arrays, map(a.info, arrays.values())))  # right after the backend: one hop there
+    (dtype, (m, dim), _), *_ = _cloud_metas(op, metas, features)
     batch = batches(op, a, dict(list(arrays.items())[:2]), clouds)
     checked_numbers = [k_of(op, v, m) if name == "k" else positive(op, name, v, dtype) for name, v in numbers.items()]
     return Checked(a, dtype, dim, batch, checked_numbers)
 
 
-def _cloud_metas(op: str, adapter: Any, arrays: dict[str, Any], features: str) -> list:
-    """``check_clouds``' checks; each array's (dtype, shape, device), in order."""
-    metas = {name: adapter.info(a) for name, a in arrays.items()}
+def _cloud_metas(op: str, metas: dict[str, tuple], features: str) -> list:
+    """``check_clouds``' checks of the arrays' (dtype, shape, device) ``metas``; the metas, in order."""
     most = MAX_ROWS_DIM if op in ROWS_OPS else MAX_DIM
     for name, (dtype, shape, _) in metas.items():
         if len(shape) != 2 or (name != features and not 1 <= shape[1] <= most):

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import warp as wp
 
 from .._core import warp_runtime
@@ -77,6 +78,11 @@ def get_num_threads() -> int:
     return num_threads
 
 
+def all_threads(device: Any) -> int:
+    """The most threads a launch on ``device`` uses (one off the CPU)."""
+    return num_threads if device.is_cpu else 1
+
+
 def threads(device: Any, m: int) -> int:
     """How many CPU threads a launch over ``m`` queries that is not a scatter uses."""
     if not device.is_cpu:
@@ -90,6 +96,29 @@ def slots(device: Any, m: int) -> int:
     if not device.is_cpu:
         return 1
     return max(1, min(num_threads, m // MIN_QUERIES_PER_SLOT))
+
+
+def thread_copies(a: wp.array, slots: int, needed: bool) -> wp.array:
+    """Zeroed copies of the gradient ``a`` for slots 1 .. slots - 1 of a scatter launch that
+    adds into per-slot copies (slot 0 adds into ``a`` itself); empty when not ``needed``."""
+    shape = (slots - 1, *(a.shape if needed else (0,) * a.ndim))
+    return scratch(shape, a.dtype, a.device) if 0 in shape else wp.zeros(shape, dtype=a.dtype, device=a.device)
+
+
+def add_copies(copies: wp.array, into: wp.array) -> None:
+    """Add the slots' copies into ``into`` in slot order (deterministic). They exist only on
+    the CPU: NumPy's vectorised adds on views of the same memory measured ~3x faster than a
+    Warp kernel looping over the copies."""
+    if copies.size == 0:
+        return
+    total = into.numpy()
+    for part in copies.numpy():
+        np.add(total, part, out=total)
+
+
+def launch(kernel: Any, m: int, before: list, after: list, device: Any) -> None:
+    """A launch over ``m`` queries (not a scatter), on as many CPU threads as pay."""
+    launch_queries(kernel, m, threads(device, m), before, after, device, None)
 
 
 def launch_queries(
@@ -336,6 +365,14 @@ def minus_ones(a: wp.array) -> None:
 
 
 _NOTHING: dict = {}
+
+
+def scratch(shape: Any, dtype: Any, device: Any) -> wp.array:
+    """Uninitialised scratch; the shared empty array when it would hold nothing."""
+    dims = shape if isinstance(shape, tuple) else (shape,)
+    if 0 in dims:
+        return nothing(dims, dtype, device)
+    return wp.empty(dims, dtype=dtype, device=device)
 
 
 def nothing(shape: tuple, dtype: Any, device: Any) -> wp.array:

@@ -24,7 +24,7 @@ def knn_forward(k, query, ref, kk, dist, idx, queries, batch=None, count=None, a
     count = cpu_launch.nothing((0,), wp.int64, device) if count is None else count
     if aggregation is None and batch is None and small(query.shape[0], ref.shape[0]):
         cpu_launch.minus_ones(queries)  # each query in its place
-        _launches.launch(k.knn_small, query.shape[0], [query, ref], [dist, idx, count], device)
+        cpu_launch.launch(k.knn_small, query.shape[0], [query, ref], [dist, idx, count], device)
         return
     if aggregation is None:
         weights = _plain_search(k, device.alias)
@@ -32,7 +32,7 @@ def knn_forward(k, query, ref, kk, dist, idx, queries, batch=None, count=None, a
         nothing = cpu_launch.nothing((0, 0), k.T, device)
         weights = _launches.struct(k.Aggregation, **(dict(features=nothing, out=nothing, sigma=1.0) | aggregation))
     before = [query, _tree.searched_tree(k, query, ref, queries, batch=batch), kk, queries]
-    _launches.launch(k.knn_search, query.shape[0], before, [dist, idx, count, weights], device)
+    cpu_launch.launch(k.knn_search, query.shape[0], before, [dist, idx, count, weights], device)
 
 
 # A search of one cloud compares each query with every reference (``kdtree.knn.knn_brute``,
@@ -61,7 +61,7 @@ def _knn_aggregate_backward(
     if not any(needs):
         return
     slots = cpu_launch.slots(device, m)
-    r_slots, f_slots = _launches.thread_copies(dr, slots, needs[1]), _launches.thread_copies(df, slots, needs[2])
+    r_slots, f_slots = cpu_launch.thread_copies(dr, slots, needs[1]), cpu_launch.thread_copies(df, slots, needs[2])
     fours = _launches.in_fours(features, grad, df if needs[2] else None, f_slots if needs[2] and slots > 1 else None)
     nearest = _launches.struct(k.Nearest, sigma=sigma, inverse_square=inverse_square, out=out, dist=dist, idx=idx)
     grads = _launches.struct(
@@ -71,8 +71,8 @@ def _knn_aggregate_backward(
     before = [query, ref, _launches.struct(k.Rows, v=features, v4=fours[0]), nearest]
     before += [_launches.struct(k.Rows, v=grad, v4=fours[1]), _launches.needs_bits(needs), queries]
     cpu_launch.launch_queries(k.knn_aggregate_backward, m, slots, before, [grads], device, None, scatter=True)
-    _launches.add_copies(r_slots, dr)
-    _launches.add_copies(f_slots, df)
+    cpu_launch.add_copies(r_slots, dr)
+    cpu_launch.add_copies(f_slots, df)
 
 
 def _knn_dims(query, ref, query_batch, ref_batch, k):

@@ -19,7 +19,6 @@ import functools
 import inspect
 from typing import Any
 
-import numpy as np
 import warp as wp
 
 from . import _batches, _tree, kdtree
@@ -55,47 +54,16 @@ def needs_bits(needs: tuple, one_pass: bool = False) -> int:
     return sum(bit for bit, need in zip(bits, needs) if need) + (kdtree.ONE_PASS if one_pass else 0)
 
 
-def _scratch(shape: Any, dtype: Any, device: Any) -> wp.array:
-    """Uninitialised scratch; the shared empty array when it would hold nothing."""
-    dims = shape if isinstance(shape, tuple) else (shape,)
-    if 0 in dims:
-        return cpu_launch.nothing(dims, dtype, device)
-    return wp.empty(dims, dtype=dtype, device=device)
-
-
-def launch(kernel: Any, m: int, before: list, after: list, device: Any) -> None:
-    """A launch over ``m`` queries (not a scatter), on as many CPU threads as pay."""
-    cpu_launch.launch_queries(kernel, m, cpu_launch.threads(device, m), before, after, device, None)
-
-
 def row_offsets(k: Any, counts: wp.array, cap: int, ptr: wp.array, device: Any, by_scan: bool | None = None) -> None:
     """``ptr[i]``: the sum of ``min(counts, cap)`` before row ``i`` (M + 1 entries). One thread
     on the CPU; with ``by_scan`` (default: on CUDA) Warp's parallel scan (one GPU thread took
     ~0.5 ms for 8 192 rows)."""
     if not (device.is_cuda if by_scan is None else by_scan):
-        launch(k.list_offsets, 1, [counts, cap], [ptr], device)
+        cpu_launch.launch(k.list_offsets, 1, [counts, cap], [ptr], device)
         return
     capped = wp.empty(ptr.shape[0], dtype=wp.int64, device=device)
-    launch(k.capped_counts, ptr.shape[0], [counts, cap], [capped], device)
+    cpu_launch.launch(k.capped_counts, ptr.shape[0], [counts, cap], [capped], device)
     wp.utils.array_scan(capped, ptr, inclusive=False)
-
-
-def thread_copies(a: wp.array, slots: int, needed: bool) -> wp.array:
-    """Zeroed copies of the gradient ``a`` for threads 1 .. slots - 1 of a pass that adds
-    into per-thread copies (thread 0 adds into ``a`` itself); empty when not ``needed``."""
-    shape = (slots - 1, *(a.shape if needed else (0,) * a.ndim))
-    return _scratch(shape, a.dtype, a.device) if 0 in shape else wp.zeros(shape, dtype=a.dtype, device=a.device)
-
-
-def add_copies(copies: wp.array, into: wp.array) -> None:
-    """Add the threads' copies into ``into`` in thread order (deterministic). They exist only
-    on the CPU: NumPy's vectorised adds on views of the same memory measured ~3x faster than a
-    Warp kernel looping over the copies."""
-    if copies.size == 0:
-        return
-    total = into.numpy()
-    for part in copies.numpy():
-        np.add(total, part, out=total)
 
 
 _VEC4 = {wp.float32: wp.vec4f, wp.float64: wp.vec4d}
@@ -133,7 +101,7 @@ def _pair_count(k: Any, stats: wp.array, m: int) -> tuple[int, wp.array]:
     CPU only: reading the total is free there (on CUDA it would synchronise)."""
     device = stats.device
     counts = wp.zeros(m + 1, dtype=wp.int32, device=device)
-    offsets = _scratch(m + 1, wp.int32, device)
+    offsets = cpu_launch.scratch(m + 1, wp.int32, device)
     if m:
         wp.launch(k.pair_counts, dim=m, inputs=[stats, counts], device=device)
     wp.utils.array_scan(counts, offsets, inclusive=False)
@@ -152,7 +120,7 @@ def _radius_forward(k, query, ref, batches, features, radius, sigma, out, stats,
     features4, out4 = in_fours(features, out, None, None)[:2]
     before = [query, struct(k.Rows, v=features, v4=features4), searched, radius, sigma, queries]
     after = [struct(k.Rows, v=out, v4=out4), stats, neighbours]
-    launch(k.radius_forward, query.shape[0], before, after, query.device)
+    cpu_launch.launch(k.radius_forward, query.shape[0], before, after, query.device)
 
 
 def _radius_backward(
@@ -182,12 +150,12 @@ def _radius_backward(
         if pairs[0] > PAIRS_PER_POINT * (m + n) + (1 << 16):
             pairs = None  # too many to record: search from the reference side instead
     searches = not one_pass and pairs is None and (needs[1] or needs[2])
-    n_pairs, offsets = pairs if pairs is not None else (0, _scratch(0, wp.int32, device))
-    g_out = _scratch(m if searches else 0, T, device)
-    pq, pr = _scratch(n_pairs, wp.int32, device), _scratch(n_pairs, wp.int32, device)
-    pp, pc = _scratch(n_pairs, T, device), _scratch(n_pairs, T, device)
+    n_pairs, offsets = pairs if pairs is not None else (0, cpu_launch.scratch(0, wp.int32, device))
+    g_out = cpu_launch.scratch(m if searches else 0, T, device)
+    pq, pr = cpu_launch.scratch(n_pairs, wp.int32, device), cpu_launch.scratch(n_pairs, wp.int32, device)
+    pp, pc = cpu_launch.scratch(n_pairs, T, device), cpu_launch.scratch(n_pairs, T, device)
     copies = slots if one_pass else 1
-    r_slots, f_slots = thread_copies(dr, copies, needs[1]), thread_copies(df, copies, needs[2])
+    r_slots, f_slots = cpu_launch.thread_copies(dr, copies, needs[1]), cpu_launch.thread_copies(df, copies, needs[2])
     scatters = one_pass and needs[2]
     fours = in_fours(features, grad, df if scatters else None, f_slots if scatters and copies > 1 else None)
     ball = struct(k.Ball, radius=radius, sigma=sigma, out=out, stats=stats, neighbours=neighbours)
@@ -201,22 +169,25 @@ def _radius_backward(
     # one pass: threads own fixed queries (scatter launch), so the copies' sums are deterministic
     query_pass = k.radius_backward_query
     cpu_launch.launch_queries(query_pass, m, slots, before, [pair_list, grads], device, None, scatter=one_pass)
-    add_copies(r_slots, dr)
-    add_copies(f_slots, df)
+    cpu_launch.add_copies(r_slots, dr)
+    cpu_launch.add_copies(f_slots, df)
     if pairs is not None:
-        ref_starts, cursor = _scratch(n + 1, wp.int32, device), _scratch(max(n, 1), wp.int32, device)
-        by_ref = _scratch(n_pairs, wp.int32, device)
+        ref_starts, cursor = (
+            cpu_launch.scratch(n + 1, wp.int32, device),
+            cpu_launch.scratch(max(n, 1), wp.int32, device),
+        )
+        by_ref = cpu_launch.scratch(n_pairs, wp.int32, device)
         wp.launch(k.pairs_by_ref, dim=1, inputs=[pr, n, ref_starts, cursor, by_ref], device=device)
         before = [query, ref, grad, pair_list, ref_starts, by_ref, needs_bits(needs)]
-        launch(k.radius_backward_ref_pairs, n, before, [struct(k.Grads, d_ref=dr, d_features=df)], device)
+        cpu_launch.launch(k.radius_backward_ref_pairs, n, before, [struct(k.Grads, d_ref=dr, d_features=df)], device)
     elif searches:
         # The reference side gathers over the queries within the radius: a tree over them.
         # The references go in Morton order over that tree's box, as the queries do.
-        refs = _scratch(n, wp.int32, device)
+        refs = cpu_launch.scratch(n, wp.int32, device)
         qtree = _tree.searched_tree(k, ref, query, refs, batch=forest_of("radius_aggregate", *batches[::-1]))
         before = [ref, features, qtree, ball, grad, needs_bits(needs), refs]
         grads = struct(k.Grads, d_ref=dr, d_features=df, g_out=g_out)
-        launch(k.radius_backward_ref, n, before, [grads], device)
+        cpu_launch.launch(k.radius_backward_ref, n, before, [grads], device)
 
 
 def _saved_tree(k, ref, batches, tree):
@@ -250,10 +221,10 @@ def distance_backward(k, kernel, rows, queries, dq, dr, needs):
     if not any(needs):
         return
     slots = cpu_launch.slots(device, m)
-    r_slots = thread_copies(dr, slots, needs[1])
+    r_slots = cpu_launch.thread_copies(dr, slots, needs[1])
     grads = struct(k.Grads, d_query=dq, d_ref=dr, ref_slots=r_slots)
     cpu_launch.launch_queries(kernel, m, slots, [*rows, needs_bits(needs), queries], [grads], device, None, True)
-    add_copies(r_slots, dr)
+    cpu_launch.add_copies(r_slots, dr)
 
 
 def listed_neighbours(m: int) -> int:

@@ -38,7 +38,7 @@ def _count(k, query, ref, batch, radius, cap, skip_self, count, ptr, order, quer
     m, device = query.shape[0], query.device
     tree = _tree.searched_tree(k, query, ref, queries, order=order, batch=batch)
     before = [query, tree, radius, skip_self, queries]
-    _launches.launch(k.radius_count, m, before, [count, listed], device)
+    cpu_launch.launch(k.radius_count, m, before, [count, listed], device)
     _launches.row_offsets(k, count, cap, ptr, device)
 
 
@@ -68,7 +68,7 @@ def _fill(k, query, ref, batch, ptr, order, queries, listed, radius, skip_self, 
     filled = _launches.struct(
         k.Edges, sources=sources, targets=targets, distance=distance, rows_d=rows_d, rows_j=rows_j, none=none
     )
-    _launches.launch(k.radius_fill, query.shape[0], before, [filled], query.device)
+    cpu_launch.launch(k.radius_fill, query.shape[0], before, [filled], query.device)
 
 
 def _rows_from_each(a: wp.array, cap: int) -> wp.array:
@@ -94,7 +94,7 @@ def graph_offsets(k, idx, kk, skip_self, ptr):
     type (these read indices only)."""
     m, device = idx.shape[0], idx.device
     counts = wp.empty(m, dtype=wp.int64, device=device)
-    _launches.launch(k.knn_edge_counts, m, [idx, kk, skip_self], [counts], device)
+    cpu_launch.launch(k.knn_edge_counts, m, [idx, kk, skip_self], [counts], device)
     _launches.row_offsets(k, counts, kk, ptr, device)
 
 
@@ -128,7 +128,7 @@ def _small_lists(dtype: str, dim: int) -> dict:
     ):  # fmt: skip
         cpu_launch.minus_ones(queries)  # each query in its place, for the backward
         limits, outputs = wp.vec2i(min(cap, NO_CAP), skip_self), [count, ptr, distance, edges]
-        _launches.launch(kernels(query.device).radius_small, 1, [query, ref, radius, limits], outputs, query.device)
+        cpu_launch.launch(kernels(query.device).radius_small, 1, [query, ref, radius, limits], outputs, query.device)
 
     def radius_small_backward(
         query: Points, ref: Points, radius: T, cap: int, skip_self: int,
@@ -146,14 +146,14 @@ def _small_lists(dtype: str, dim: int) -> dict:
         shapes, types = [(m,), (edges.shape[0] // 2,)], (wp.int64, T)
         count, distance = cpu_launch.kept_each(("small_count", "small_distance"), shapes, types, device)
         limits, outputs = wp.vec2i(min(cap, NO_CAP), skip_self), [count, ptr, distance, edges]
-        _launches.launch(kernels(device).radius_small, 1, [x, x, radius, limits], outputs, device)
+        cpu_launch.launch(kernels(device).radius_small, 1, [x, x, radius, limits], outputs, device)
 
     def knn_graph_small(x: Points, k: int, skip_self: int, ptr: Counts, edges: Counts):
         # knn_graph's two ops in one launch; the rows of nearest go to this thread's kept scratch
         n, device = x.shape[0], x.device
         shape = (n, graph_width(n, k, skip_self))
         dist, idx = cpu_launch.kept_each(("small_dist", "small_idx"), [shape, shape], (T, wp.int64), device)
-        _launches.launch(kernels(device).knn_graph_small, 1, [x, k, skip_self], [dist, idx, ptr, edges], device)
+        cpu_launch.launch(kernels(device).knn_graph_small, 1, [x, k, skip_self], [dist, idx, ptr, edges], device)
 
     def small_dims(query, ref, radius, cap, skip_self):
         m, e = query[0], query[0] * min(ref[0], cap)
@@ -217,7 +217,7 @@ def _tree_lists(dtype: str, dim: int) -> dict:
         _knn_graph_search(kernels(x.device), x, forest, k, skip_self, idx, ptr)
 
     def knn_graph_fill(idx: Nearest, ptr: Counts, skip_self: int, n_edges: int, edges: Edges):
-        _launches.launch(
+        cpu_launch.launch(
             kernels(idx.device).knn_edges, idx.shape[0], [idx, ptr, skip_self], edge_rows(edges), idx.device
         )
 

@@ -44,7 +44,7 @@ def _clouds(op: str, query: wp.array, ref: wp.array, query_batch: wp.array, ref_
 def _transposed(k, ref: wp.array) -> wp.array:
     """The references' coordinates as rows, (D, N + padding): a block reads whole vectors."""
     rt = wp.zeros((ref.shape[1], ref.shape[0] + kdtree.brute.REF_PADDING), dtype=k.T, device=ref.device)
-    _launches.launch(k.rows_transpose, ref.shape[0], [ref], [rt], ref.device)
+    cpu_launch.launch(k.rows_transpose, ref.shape[0], [ref], [rt], ref.device)
     return rt
 
 
@@ -58,7 +58,7 @@ def radius_count_rows(op, query, ref, query_batch, ref_batch, radius, cap, skip_
     k, device = kdtree.row_kernels(query.dtype), query.device
     ref_ptr, blocks = _clouds(op, query, ref, query_batch, ref_batch)
     before = [_whole(query), _transposed(k, ref), ref_ptr, blocks]
-    _launches.launch(k.rows_radius_count, blocks.shape[0], before, [radius, skip_self, count], device)
+    cpu_launch.launch(k.rows_radius_count, blocks.shape[0], before, [radius, skip_self, count], device)
     tree_kernels = _tree.kernels_for("float32" if k.T is wp.float32 else "float64", device)  # reads counts only
     _launches.row_offsets(tree_kernels, count, cap, ptr, device)
 
@@ -71,7 +71,7 @@ def radius_fill_rows(op, query, ref, query_batch, ref_batch, radius, cap, skip_s
     before = [_whole(query), _transposed(k, ref), ref_ptr, blocks]
     limits = wp.vec2i(min(cap, (1 << 31) - 1), skip_self)
     outputs = [radius, limits, ptr, distance, *edge_rows(edges)]
-    _launches.launch(k.rows_radius_fill, blocks.shape[0], before, outputs, device)
+    cpu_launch.launch(k.rows_radius_fill, blocks.shape[0], before, outputs, device)
 
 
 def knn_rows(op, query, ref, query_batch, ref_batch, dist, idx, count):
@@ -81,7 +81,7 @@ def knn_rows(op, query, ref, query_batch, ref_batch, dist, idx, count):
     ref_ptr, blocks = _clouds(op, query, ref, query_batch, ref_batch)
     rt = _transposed(k, ref)
     rows = [_whole(a) for a in (query, dist, idx)]
-    _launches.launch(k.rows_knn, blocks.shape[0], [rows[0], rt, ref_ptr, blocks], [*rows[1:], with_count], device)
+    cpu_launch.launch(k.rows_knn, blocks.shape[0], [rows[0], rt, ref_ptr, blocks], [*rows[1:], with_count], device)
     for out, row in zip((dist, idx), rows[1:]):
         if row.ptr != out.ptr:
             wp.copy(out, row)
@@ -103,7 +103,7 @@ def _aggregate(op, query, ref, features, query_batch, ref_batch, sigma, inverse_
     """The kNN search, then each query's weighted mean of its neighbours' features into ``out``."""
     knn_rows(op, query, ref, query_batch, ref_batch, dist, idx, None)
     k = kdtree.row_kernels(dist.dtype)
-    _launches.launch(
+    cpu_launch.launch(
         k.rows_aggregate, query.shape[0], [features, dist, idx, sigma, inverse_square], [out], query.device
     )
 

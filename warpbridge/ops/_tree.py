@@ -114,7 +114,9 @@ def tree_of_order(k: Any, points: wp.array, order: wp.array, forest: Forest | No
     if forest is not None:
         count = forest.clouds.shape[0]
         before = [pts, order, forest.clouds]
-        cpu_launch.launch_queries(k.forest_boxes, count, min(count, _cpu(device)), before, boxes, device, None, True)
+        cpu_launch.launch_queries(
+            k.forest_boxes, count, min(count, cpu_launch.all_threads(device)), before, boxes, device, None, True
+        )
         return order, pts, lo, hi, min_index
     leaves = lo.shape[0] // 2
     cpu_launch.launch_queries(
@@ -134,7 +136,7 @@ def merge_boxes_up(k: Any, boxes: list, width: int, device: Any, stream: Any) ->
             cpu_launch.launch_queries(k.tree_top, 1, 1, [2 * width], boxes, device, stream)
             return
         cpu_launch.launch_queries(
-            k.tree_up, width, min(width, _cpu(device)), [width], boxes, device, stream, scatter=True
+            k.tree_up, width, min(width, cpu_launch.all_threads(device)), [width], boxes, device, stream, scatter=True
         )
 
 
@@ -197,7 +199,7 @@ def build_tree(
         cpu_launch.launch_queries(
             k.tree_init, n, cpu_launch.threads(device, n // 32), [points], [sorted_points, order], device, stream
         )
-    cpus = _cpu(device)
+    cpus = cpu_launch.all_threads(device)
     slots = min(parts, cpus)
     # each subtree thread's row of records (see tree_subtrees): room for a subtree, at most ITEMS_ROOM
     room = 0 if by_sort or n == 0 else min(ITEMS_ROOM, -(-n // parts))
@@ -240,7 +242,7 @@ def build_forest(k: Any, points: wp.array, tree: tuple, forest: Forest, by_sort:
         before = [sorted_points, order, forest.clouds]
         cpu_launch.launch_queries(k.forest_boxes, count, 1, before, [lo, hi, min_index], device, None, True)
         return
-    slots = min(count, _cpu(device))
+    slots = min(count, cpu_launch.all_threads(device))
     room = min(ITEMS_ROOM, forest.biggest) if device.is_cpu else 0
     items = (
         cpu_launch.kept("tree_items", (slots * room,), k.Item, device)
@@ -328,10 +330,6 @@ def _split_by_sort(
             wp.launch(k.tree_gather, dim=n, inputs=[pts, order, by_node, pts_out, order_out], device=device)
             wp.copy(pts, pts_out)
             wp.copy(order, order_out)
-
-
-def _cpu(device: Any) -> int:
-    return cpu_launch.num_threads if device.is_cpu else 1
 
 
 _LOADED: set = set()

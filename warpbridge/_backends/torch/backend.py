@@ -212,11 +212,11 @@ def prepare_cached(op: WarpOp, args: Sequence[Any], launch_dims: Any, output_dim
             key = entry = None
         if entry is not None:
             plan, device = entry
-            scalars = ()
+            tensors, scalars = [args[i] for i in positions], ()
             if scalar_positions:
                 values, packed = _validate.scalars_of(op.sig, args)  # checked
                 scalars = values if plan.takes_values else packed
-            return Call(op, plan, scalars, device), [args[i] for i in positions]
+            return Call(op, plan, scalars, device), tensors
     else:
         key = None
     c, tensors = prepare(op, args, launch_dims, output_dims)
