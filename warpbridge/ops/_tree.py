@@ -91,11 +91,12 @@ def searched_tree(
     (written into ``queries``, see ``query_order``), and the tree's struct."""
     forest = None if batch is None else batch[0]
     arrays = tree(k, ref, into, order, forest)
+    struct = tree_struct(k, arrays, batch)
     if forest is not None and not _same(points, ref):
         cpu_launch.minus_ones(queries)  # in the given order, which keeps each cloud's points together
     else:
         query_order(k, points, arrays, queries, points.device, None, ref)
-    return tree_struct(k, arrays, batch)
+    return struct
 
 
 def tree_of_order(k: Any, points: wp.array, order: wp.array, forest: Forest | None = None) -> tuple:
