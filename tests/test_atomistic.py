@@ -128,7 +128,8 @@ def test_every_way_of_writing_the_rows_gives_the_same_pairs(monkeypatch, name, f
 @pytest.mark.parametrize("framework", ["torch", "numpy"])
 def test_a_loop_that_drops_its_results_writes_into_their_memory_and_kept_results_stay(monkeypatch, framework):
     """A step's pairs go into the memory of the step before, once the caller has dropped them
-    (no fresh pages); results the caller keeps, or a view of, are never written again."""
+    (no fresh pages); results the caller keeps, or a view of, are never written again, and
+    ``release_memory`` hands back only what was dropped."""
     from warpbridge.ops import _lent_memory
 
     monkeypatch.setattr(_lent_memory, "_SHELF", type(_lent_memory._SHELF)())
@@ -145,6 +146,13 @@ def test_a_loop_that_drops_its_results_writes_into_their_memory_and_kept_results
         places.append(np.asarray(i).ctypes.data)
         del i, j, S
     assert len(set(places)) == 1 and len(_lent_memory._SHELF) <= _lent_memory.SHELF_BLOCKS
+    for a, b in zip((*kept, kept_view), before):
+        np.testing.assert_array_equal(np.asarray(a), b)
+    assert len(_lent_memory._SHELF) == 1
+    wb.ops.release_memory()  # the dropped results' memory is handed back; kept ones stay
+    assert len(_lent_memory._SHELF) == 0
+    i, j, S = wb.ops.neighbor_list(as_array(pos), cutoff, cell=as_array(cell), pbc=pbc, quantities="ijS")
+    assert triples(i, j, S) == ase_pairs(pos, cell, pbc, cutoff)
     for a, b in zip((*kept, kept_view), before):
         np.testing.assert_array_equal(np.asarray(a), b)
 

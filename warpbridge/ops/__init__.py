@@ -25,11 +25,12 @@ from __future__ import annotations
 from ._atomistic import neighbor_list
 from ._cpu_launch import get_num_threads as get_num_threads
 from ._cpu_launch import set_num_threads as set_num_threads
+from ._lent_memory import release_memory as release_memory
 from ._lists import Neighbors, knn_graph, radius, radius_graph
 from ._sampling import fps
 from ._searches import KNN, knn, knn_aggregate, knn_interpolate, radius_aggregate
 
 __all__ = [
     "KNN", "Neighbors", "fps", "get_num_threads", "knn", "knn_aggregate", "knn_graph", "knn_interpolate", "neighbor_list", "radius",
-    "radius_aggregate", "radius_graph", "set_num_threads",
+    "radius_aggregate", "radius_graph", "release_memory", "set_num_threads",
 ]  # fmt: skip
