@@ -236,9 +236,7 @@ def _custom_backward(
         keywords = {"needs_input_grad": tuple(w for p, w in zip(sig.array_inputs, wanted) if p.differentiable)}
     # The framework's pointers and zeroed arrays are taken after this module's own work, in
     # one run of calls.
-    if outputs is None:
-        outputs = _replay(plan, list(map(fw.ptr, arrays)), scalars, fw, device, stream)
-    g_ptrs, g_layouts, keep = [], [], list(outputs)
+    g_ptrs, g_layouts, keep = [], [], []
     for p, shape, g in zip(sig.outputs, plan.out_shapes, grads):
         if p.carries_grad:
             g, (ptr, strides) = _output_grad(fw, p, shape, g, device, private=False)
@@ -258,6 +256,10 @@ def _custom_backward(
     bplan = plan.cache.get(key)
     if bplan is None:
         bplan = plan.cache[key] = cb.plan(plan, key[1])
+    ins = list(map(fw.ptr, arrays))
+    if outputs is None:
+        outputs = _replay(plan, ins, scalars, fw, device, stream)  # the forward's scalars
+    keep.extend(outputs)
     if bplan.takes_values != plan.takes_values:  # packed scalars (16-bit floats as bits), or the values
         scalars = (
             [
@@ -267,7 +269,7 @@ def _custom_backward(
             if bplan.takes_values
             else [pack(v) for pack, v in zip(packers(sig), scalars)]
         )
-    b_ins = list(map(fw.ptr, arrays)) + list(map(fw.ptr, outputs)) + g_ptrs
+    b_ins = ins + list(map(fw.ptr, outputs)) + g_ptrs
     bplan.run(b_ins, scalars, list(map(fw.ptr, in_grads)), stream, keywords)
     del keep
     return result
