@@ -3,8 +3,16 @@
 import torch
 
 
+def distances(q, r):
+    """|q_i - r_j| from the differences, differentiable (0 gradient where they coincide).
+    cdist's default takes the matrix-product form for more than 25 points, whose rounding
+    grows with the coordinates over the distances: on 20 tight clusters in float64 it put
+    radius_aggregate's query gradients ~2e-7 off."""
+    return torch.cdist(q, r, compute_mode="donot_use_mm_for_euclid_dist")
+
+
 def radius_aggregate(q, r, f, radius, sigma):
-    d = torch.cdist(q, r) if len(q) and len(r) else q.new_zeros((len(q), len(r)))
+    d = distances(q, r) if len(q) and len(r) else q.new_zeros((len(q), len(r)))
     mask = d <= radius
     inf = torch.full_like(d, float("inf"))
     nearest = torch.where(mask, d, inf).amin(1, keepdim=True) if len(r) else d.new_zeros((len(q), 1))
