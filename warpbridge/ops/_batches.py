@@ -10,7 +10,6 @@ import warp as wp
 
 from .._core.errors import fail
 from . import kdtree
-from ._tree import Forest
 
 # The most clouds in a batch: cloud numbers are int32 in the kernels.
 MAX_CLOUDS = 1 << 30
@@ -64,23 +63,3 @@ def clouds(values: np.ndarray, count: int, device: Any) -> tuple[wp.array, int, 
         raise OverflowError(f"a forest of {total} nodes: more than 32-bit node numbers address")
     deepest = int(depths.max(initial=0))
     return wp.array(table, dtype=wp.vec4i, device=device), total, int(points.max(initial=0)), deepest
-
-
-def forest_of(op: str, searched: wp.array, tree_of: wp.array, names: tuple[str, str]) -> Any:
-    """For a search of points with cloud numbers ``searched`` through a tree over points with
-    cloud numbers ``tree_of`` (their arguments' ``names``): (the forest over ``tree_of``'s
-    clouds, ``searched``), as ``_tree.searched_tree`` takes it; None for one cloud (both
-    empty)."""
-    if searched.shape[0] == 0 and tree_of.shape[0] == 0:
-        return None
-    searched_values = batch_values(op, names[0], searched)
-    tree_values = batch_values(op, names[1], tree_of)
-    count = cloud_count(searched_values, tree_values)
-    points = searched_values.size + tree_values.size
-    if count > points:  # every cloud costs a row and a root: bounded by the points
-        raise fail(
-            op,
-            f"cloud numbers go up to {count - 1} for {points} points: number the clouds 0, 1, 2, ... as PyG's "
-            "batch vectors do (at most one cloud per point)",
-        )
-    return Forest(*clouds(tree_values, count, tree_of.device)), searched

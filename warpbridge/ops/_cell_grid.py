@@ -176,7 +176,7 @@ def _binned(k, pos: np.ndarray, starts: np.ndarray, cells: np.ndarray, periodic:
         if fresh or not outside:
             break
     if not wrapped:
-        grid.wrap = cpu_launch.nothing((0,), k.vec3l, device)
+        grid.wrap = cpu_launch.nothing((0,), k.vec3l, device.alias)
     return home, place, grid, _pairs_estimate(grid, layout)
 
 

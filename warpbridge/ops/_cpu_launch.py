@@ -8,12 +8,13 @@ of the OpenMP threads a loaded framework brings (``_cpu_team``), else on warpbri
 thread pool (``_cpu_pool``). Elsewhere it is one ``wp.launch``.
 
 State kept across calls, all of it listed in docs/architecture.md: the recorded launches (``_RECORDED``, each with until when its launches run on one thread), each
-thread's reusable scratch (``kept``) and the shared empty arrays (``nothing``).
+thread's reusable scratch (``kept``) and the shared empty arrays (``nothing``'s cache).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 import time
@@ -364,22 +365,17 @@ def minus_ones(a: wp.array) -> None:
         a.fill_(-1)
 
 
-_NOTHING: dict = {}
-
-
 def scratch(shape: Any, dtype: Any, device: Any) -> wp.array:
     """Uninitialised scratch; the shared empty array when it would hold nothing."""
     dims = shape if isinstance(shape, tuple) else (shape,)
     if 0 in dims:
-        return nothing(dims, dtype, device)
+        return nothing(dims, dtype, device.alias)
     return wp.empty(dims, dtype=dtype, device=device)
 
 
-def nothing(shape: tuple, dtype: Any, device: Any) -> wp.array:
-    """A shared empty array (nothing to read or write, so any call may pass the same one): an
-    allocation less per placeholder (~5 us each on a small call)."""
-    key = (shape, dtype, device.alias)
-    a = _NOTHING.get(key)
-    if a is None:
-        a = _NOTHING[key] = wp.empty(shape, dtype=dtype, device=device)
-    return a
+@functools.cache
+def nothing(shape: tuple, dtype: Any, alias: str) -> wp.array:
+    """A shared empty array on the device named ``alias`` (nothing to read or write, so any
+    call may pass the same one): an allocation less per placeholder (~5 us each on a small
+    call)."""
+    return wp.empty(shape, dtype=dtype, device=alias)

@@ -13,7 +13,6 @@ import warp as wp
 
 from . import _cpu_launch as cpu_launch
 from . import _launches, _tree, kdtree
-from ._launches import forest_of
 
 
 def knn_forward(k, query, ref, kk, dist, idx, queries, batch=None, count=None, aggregation=None):
@@ -21,7 +20,7 @@ def knn_forward(k, query, ref, kk, dist, idx, queries, batch=None, count=None, a
     row's number found into ``count`` (where given), and with ``aggregation`` (``features``,
     ``out``, ``sigma``, ``inverse_square``, see the Aggregation struct of ``kdtree.dtypes``) its aggregation."""
     device = query.device
-    count = cpu_launch.nothing((0,), wp.int64, device) if count is None else count
+    count = cpu_launch.nothing((0,), wp.int64, device.alias) if count is None else count
     if aggregation is None and batch is None and small(query.shape[0], ref.shape[0]):
         cpu_launch.minus_ones(queries)  # each query in its place
         cpu_launch.launch(k.knn_small, query.shape[0], [query, ref], [dist, idx, count], device)
@@ -29,7 +28,7 @@ def knn_forward(k, query, ref, kk, dist, idx, queries, batch=None, count=None, a
     if aggregation is None:
         weights = _plain_search(k, device.alias)
     else:
-        nothing = cpu_launch.nothing((0, 0), k.T, device)
+        nothing = cpu_launch.nothing((0, 0), k.T, device.alias)
         weights = _launches.struct(k.Aggregation, **(dict(features=nothing, out=nothing, sigma=1.0) | aggregation))
     before = [query, _tree.searched_tree(k, query, ref, queries, batch=batch), kk, queries]
     cpu_launch.launch(k.knn_search, query.shape[0], before, [dist, idx, count, weights], device)
@@ -50,7 +49,7 @@ def small(m: int, n: int) -> bool:
 def _plain_search(k: Any, device: str) -> Any:
     """The Aggregation of a plain search (nothing to aggregate), made once per kernels and
     device: a struct costs ~7 us to fill, a tenth of a 100-point kNN call."""
-    nothing = cpu_launch.nothing((0, 0), k.T, wp.get_device(device))
+    nothing = cpu_launch.nothing((0, 0), k.T, device)
     return _launches.struct(k.Aggregation, features=nothing, out=nothing, sigma=1.0, inverse_square=0)
 
 
@@ -100,7 +99,7 @@ def declared(dtype: str, dim: int = 3) -> dict:
         query: Points, ref: Points, query_batch: Batch, ref_batch: Batch, k: int, dist: Rows, idx: Neighbours,
         count: Counts, queries: Index,
     ):  # fmt: skip
-        batch = forest_of("knn", query_batch, ref_batch)
+        batch = _tree.forest_of("knn", query_batch, ref_batch)
         knn_forward(kernels(query.device), query, ref, k, dist, idx, queries, batch, count)
 
     def knn_backward(
@@ -115,7 +114,7 @@ def declared(dtype: str, dim: int = 3) -> dict:
         query: Points, ref: Points, features: Rows, query_batch: Batch, ref_batch: Batch, k: int, sigma: T,
         out: Rows, dist: Rows, idx: Neighbours, queries: Index,
     ):  # fmt: skip
-        batch = forest_of("knn_aggregate", query_batch, ref_batch)
+        batch = _tree.forest_of("knn_aggregate", query_batch, ref_batch)
         weights = dict(features=features, out=out, sigma=sigma, inverse_square=0)
         knn_forward(kernels(query.device), query, ref, k, dist, idx, queries, batch, aggregation=weights)
 
@@ -135,7 +134,7 @@ def declared(dtype: str, dim: int = 3) -> dict:
         query: Points, ref: Points, features: Rows, query_batch: Batch, ref_batch: Batch, k: int,
         out: Rows, dist: Rows, idx: Neighbours, queries: Index,
     ):  # fmt: skip
-        batch = forest_of("knn_interpolate", query_batch, ref_batch, ("batch_y", "batch_x"))
+        batch = _tree.forest_of("knn_interpolate", query_batch, ref_batch, ("batch_y", "batch_x"))
         weights = dict(features=features, out=out, inverse_square=1)
         knn_forward(kernels(query.device), query, ref, k, dist, idx, queries, batch, aggregation=weights)
 

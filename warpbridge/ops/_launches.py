@@ -21,8 +21,8 @@ from typing import Any
 
 import warp as wp
 
-from . import _batches, _tree, kdtree
 from . import _cpu_launch as cpu_launch
+from . import _tree, kdtree
 
 STATS = 3  # per query: weight sum, nearest distance, neighbour count
 # The CPU radius backward runs in one pass while the threads' extra copies of the
@@ -75,7 +75,7 @@ def _groups_of_4(a: wp.array) -> wp.array:
     v4 = _VEC4[a.dtype]
     *outer, f = a.shape
     if f == 0 or f % 4 or 0 in outer or a.strides[-1] != wp.types.type_size_in_bytes(a.dtype):
-        return cpu_launch.nothing((0,) * a.ndim, v4, a.device)
+        return cpu_launch.nothing((0,) * a.ndim, v4, a.device.alias)
     return wp.array(
         ptr=a.ptr, dtype=v4, shape=(*outer, f // 4), strides=(*a.strides[:-1], 4 * a.strides[-1]), device=a.device
     )
@@ -86,13 +86,13 @@ def in_fours(features: wp.array, grad: wp.array, d_features: Any, feature_slots:
     ``grad`` (or the forward's ``out``), ``d_features`` and ``feature_slots`` (None where it
     adds nothing there), for its *4 arguments. All of them where every one it uses has them
     (F % 4 == 0, packed rows), else all empty: the kernel then takes the scalar path."""
-    V4, device = _VEC4[features.dtype], features.device
+    V4, alias = _VEC4[features.dtype], features.device.alias
     fours = [_groups_of_4(features), _groups_of_4(grad)]
-    fours += [cpu_launch.nothing((0, 0), V4, device) if d_features is None else _groups_of_4(d_features)]
-    fours += [cpu_launch.nothing((0, 0, 0), V4, device) if feature_slots is None else _groups_of_4(feature_slots)]
+    fours += [cpu_launch.nothing((0, 0), V4, alias) if d_features is None else _groups_of_4(d_features)]
+    fours += [cpu_launch.nothing((0, 0, 0), V4, alias) if feature_slots is None else _groups_of_4(feature_slots)]
     used = fours[:2] + [f for f, a in zip(fours[2:], (d_features, feature_slots)) if a is not None]
     if any(f.size == 0 for f in used):
-        return [cpu_launch.nothing((0,) * f.ndim, V4, device) for f in fours]
+        return [cpu_launch.nothing((0,) * f.ndim, V4, alias) for f in fours]
     return fours
 
 
@@ -112,7 +112,7 @@ def _pair_count(k: Any, stats: wp.array, m: int) -> tuple[int, wp.array]:
 
 
 def _radius_forward(k, query, ref, batches, features, radius, sigma, out, stats, neighbours, tree, queries):
-    batch = forest_of("radius_aggregate", *batches)
+    batch = _tree.forest_of("radius_aggregate", *batches)
     if batch is None:
         searched = _tree.searched_tree(k, query, ref, queries, into=tree)
     else:  # a forest's size depends on the data: scratch, all but its order (see _radius_dims)
@@ -184,7 +184,7 @@ def _radius_backward(
         # The reference side gathers over the queries within the radius: a tree over them.
         # The references go in Morton order over that tree's box, as the queries do.
         refs = cpu_launch.scratch(n, wp.int32, device)
-        qtree = _tree.searched_tree(k, ref, query, refs, batch=forest_of("radius_aggregate", *batches[::-1]))
+        qtree = _tree.searched_tree(k, ref, query, refs, batch=_tree.forest_of("radius_aggregate", *batches[::-1]))
         before = [ref, features, qtree, ball, grad, needs_bits(needs), refs]
         grads = struct(k.Grads, d_ref=dr, d_features=df, g_out=g_out)
         cpu_launch.launch(k.radius_backward_ref, n, before, [grads], device)
@@ -193,18 +193,10 @@ def _radius_backward(
 def _saved_tree(k, ref, batches, tree):
     """The radius forward's tree struct, from what it saved: its arrays, or over a batch the
     order of its forest, whose boxes come back without splitting."""
-    batch = forest_of("radius_aggregate", *batches)
+    batch = _tree.forest_of("radius_aggregate", *batches)
     if batch is None:
         return _tree.tree_struct(k, tree)
     return _tree.tree_struct(k, _tree.tree_of_order(k, ref, tree[0], batch[0]), batch)
-
-
-def forest_of(op, query_batch, ref_batch, names=("query_batch", "ref_batch")):
-    """The forest a search of the queries through a tree over the references takes, or None
-    for one cloud (no batch vectors: the batched module is not entered)."""
-    if query_batch.shape[0] == 0 and ref_batch.shape[0] == 0:
-        return None
-    return _batches.forest_of(op, query_batch, ref_batch, names)
 
 
 def one_pass_fits(slots: int, n: int, row_bytes: int) -> bool:
@@ -245,7 +237,7 @@ BATCH_NAMES = ("query_batch", "ref_batch", "batch")  # the batch vectors, as par
 
 
 def no_batch(first: wp.array) -> wp.array:
-    return cpu_launch.nothing((0,), wp.int64, first.device)
+    return cpu_launch.nothing((0,), wp.int64, first.device.alias)
 
 
 def one_cloud(fn: Any, empty: Any) -> Any:

@@ -64,7 +64,7 @@ def _fill(k, query, ref, batch, ptr, order, queries, listed, radius, skip_self, 
     before = [query, tree, radius, skip_self, cap, ptr, listed, queries]
     sources, targets = edge_rows(edges)
     rows_d, rows_j = (_rows_from_each(a, cap) for a in (distance, sources))
-    none = cpu_launch.nothing((0, 0), distance.dtype, query.device)
+    none = cpu_launch.nothing((0, 0), distance.dtype, query.device.alias)
     filled = _launches.struct(
         k.Edges, sources=sources, targets=targets, distance=distance, rows_d=rows_d, rows_j=rows_j, none=none
     )
@@ -191,7 +191,7 @@ def _tree_lists(dtype: str, dim: int) -> dict:
         query: Points, ref: Points, query_batch: Batch, ref_batch: Batch, radius: T, cap: int, skip_self: int,
         count: Counts, ptr: Counts, order: Index, queries: Index, listed: Listed,
     ):  # fmt: skip
-        k, batch = kernels(query.device), _launches.forest_of("radius", query_batch, ref_batch)
+        k, batch = kernels(query.device), _tree.forest_of("radius", query_batch, ref_batch)
         _count(k, query, ref, batch, radius, cap, skip_self, count, ptr, order, queries, listed)
 
     def radius_list(
@@ -199,7 +199,7 @@ def _tree_lists(dtype: str, dim: int) -> dict:
         queries: Index, listed: Listed, radius: T, skip_self: int, cap: int, n_pairs: int,
         distance: wp.array(dtype=T), edges: Edges,
     ):  # fmt: skip
-        k, batch = kernels(query.device), _launches.forest_of("radius", query_batch, ref_batch)
+        k, batch = kernels(query.device), _tree.forest_of("radius", query_batch, ref_batch)
         _fill(k, query, ref, batch, ptr, order, queries, listed, radius, skip_self, cap, edges, distance)
 
     def radius_list_backward(
@@ -213,7 +213,7 @@ def _tree_lists(dtype: str, dim: int) -> dict:
         _launches.distance_backward(k, k.list_backward, rows, queries, adj_query, adj_ref, needs_input_grad)
 
     def knn_graph_search(x: Points, batch: Batch, k: int, skip_self: int, idx: Nearest, ptr: Counts):
-        forest = _launches.forest_of("knn_graph", batch, batch, ("batch", "batch"))
+        forest = _tree.forest_of("knn_graph", batch, batch, ("batch", "batch"))
         _knn_graph_search(kernels(x.device), x, forest, k, skip_self, idx, ptr)
 
     def knn_graph_fill(idx: Nearest, ptr: Counts, skip_self: int, n_edges: int, edges: Edges):

@@ -77,7 +77,7 @@ def radius_fill_rows(op, query, ref, query_batch, ref_batch, radius, cap, skip_s
 def knn_rows(op, query, ref, query_batch, ref_batch, dist, idx, count):
     """The kNN search over rows: each query's k nearest of its cloud, sorted (ties by index)."""
     k, device = kdtree.row_kernels(dist.dtype), query.device
-    with_count = count if count is not None else cpu_launch.nothing((0,), wp.int64, device)
+    with_count = count if count is not None else cpu_launch.nothing((0,), wp.int64, device.alias)
     ref_ptr, blocks = _clouds(op, query, ref, query_batch, ref_batch)
     rt = _transposed(k, ref)
     rows = [_whole(a) for a in (query, dist, idx)]

@@ -10,9 +10,10 @@ from typing import Any, NamedTuple
 import warp as wp
 
 from .._core import warp_runtime
+from .._core.errors import fail
+from . import _batches, kdtree
 from . import _cpu_launch as cpu_launch
 from . import _cpu_team as cpu_team
-from . import kdtree
 
 TREE = ("order", "sorted_points", "lo", "hi", "min_index")  # the tree's arrays, as the ops save them
 # From this many queries on, the searches take them in Morton order (query_order). Below,
@@ -51,6 +52,25 @@ class Forest(NamedTuple):
     deepest: int
 
 
+def forest_of(op: str, searched: wp.array, tree_of: wp.array, names: tuple = ("query_batch", "ref_batch")) -> Any:
+    """For a search of points with cloud numbers ``searched`` through a tree over points with
+    cloud numbers ``tree_of`` (their arguments' ``names``): (the forest over ``tree_of``'s
+    clouds, ``searched``), as ``searched_tree`` takes it; None for one cloud (both empty)."""
+    if searched.shape[0] == 0 and tree_of.shape[0] == 0:
+        return None
+    searched_values = _batches.batch_values(op, names[0], searched)
+    tree_values = _batches.batch_values(op, names[1], tree_of)
+    count = _batches.cloud_count(searched_values, tree_values)
+    points = searched_values.size + tree_values.size
+    if count > points:  # every cloud costs a row and a root: bounded by the points
+        raise fail(
+            op,
+            f"cloud numbers go up to {count - 1} for {points} points: number the clouds 0, 1, 2, ... as PyG's "
+            "batch vectors do (at most one cloud per point)",
+        )
+    return Forest(*_batches.clouds(tree_values, count, tree_of.device)), searched
+
+
 def forest_dims(n: int, forest: Forest) -> dict:
     """Warp shapes of a forest's arrays over ``n`` points (``tree_dims``' names)."""
     nodes = (forest.nodes,)
@@ -62,18 +82,18 @@ def tree(
 ) -> tuple:
     """The kd-tree over ``points``, or the ``forest`` over their clouds (``into``: its five
     arrays; default: scratch, with the order in ``order`` where given)."""
-    n, device = points.shape[0], points.device
-    if into is None:
-        dims = tree_dims(n) if forest is None else forest_dims(n, forest)
-        types_ = (wp.int32, k.V, k.V, k.V, wp.int32)
-        into = cpu_launch.kept_each(TREE, [dims[name] for name in TREE], types_, device)
-        if order is not None:
-            into = (order, *into[1:])
     if forest is None:
-        build_tree(k, points, into, device, None)
-    else:
-        build_forest(k, points, into, forest)
-    return into
+        return build_tree(k, points, into, points.device, None, order=order)
+    return build_forest(k, points, into, forest, order=order)
+
+
+def scratch_tree(k: Any, n: int, device: Any, order: wp.array | None, forest: Forest | None = None) -> tuple:
+    """This thread's kept scratch (``cpu_launch.kept``) for the five arrays of a kd-tree, or of
+    ``forest``, over ``n`` points; the order in ``order`` where given."""
+    dims = tree_dims(n) if forest is None else forest_dims(n, forest)
+    types_ = (wp.int32, k.V, k.V, k.V, wp.int32)
+    arrays = cpu_launch.kept_each(TREE, [dims[name] for name in TREE], types_, device)
+    return arrays if order is None else (order, *arrays[1:])
 
 
 def searched_tree(
@@ -164,14 +184,16 @@ def tree_struct(k: Any, arrays: tuple, batch: tuple[Forest, wp.array] | None = N
 def build_tree(
     k: Any,
     points: wp.array,
-    tree: tuple[wp.array, wp.array, wp.array, wp.array, wp.array],
+    tree: tuple[wp.array, wp.array, wp.array, wp.array, wp.array] | None,
     device: Any,
     stream: Any,
     by_sort: bool | None = None,
-) -> None:
+    order: wp.array | None = None,
+) -> tuple:
     """Build the kd-tree over ``points`` (see ``kdtree``) into ``tree`` = (order (N,) int32,
     sorted points (N,) vec3, box lo (nodes,) vec3, box hi (nodes,) vec3, min index (nodes,)
-    int32), with ``nodes`` as ``tree_dims`` gives.
+    int32), with ``nodes`` as ``tree_dims`` gives; None: into ``scratch_tree`` (the order in
+    ``order`` where given). Returns the five arrays.
 
     On the CPU the top levels are split one level per launch (the threads share a level's
     nodes); below, one thread builds each subtree down to its leaves and back up, from nodes
@@ -180,8 +202,9 @@ def build_tree(
     (``by_sort``, default: not the CPU) every level is split by sorting all points at once
     (``_split_by_sort``), and one thread per leaf takes its box.
     """
-    order, sorted_points, lo, hi, min_index = tree
     n = points.shape[0]
+    tree = scratch_tree(k, n, device, order) if tree is None else tree
+    order, sorted_points, lo, hi, min_index = tree
     depth = lo.shape[0].bit_length() - 2
     if by_sort is None:
         by_sort = not device.is_cpu
@@ -207,7 +230,7 @@ def build_tree(
     items = (
         cpu_launch.kept("tree_items", (slots * room,), k.Item, device)
         if room
-        else cpu_launch.nothing((0,), k.Item, device)
+        else cpu_launch.nothing((0,), k.Item, device.alias)
     )
     before = [sorted_points, order, items]
     if by_sort:
@@ -219,22 +242,32 @@ def build_tree(
                 k.tree_split, width, min(width, cpus), [*before, width], [], device, stream, scatter=True
             )
     boxes = [lo, hi, min_index]
-    given = points if copy_in else cpu_launch.nothing((0,), points.dtype, device)
+    given = points if copy_in else cpu_launch.nothing((0,), points.dtype, device.alias)
     cpu_launch.launch_queries(
         k.tree_subtrees, parts, slots, [given, *before, parts], boxes, device, stream, True, slots
     )
     merge_boxes_up(k, boxes, parts, device, stream)
+    return tree
 
 
-def build_forest(k: Any, points: wp.array, tree: tuple, forest: Forest, by_sort: bool | None = None) -> None:
-    """Build ``forest`` over ``points`` into ``tree`` (as ``build_tree``'s). On the CPU one
-    thread per cloud builds its whole tree (``kdtree.build.tree_subtrees``), in its own row of
-    records, as ``build_tree``'s subtrees. On CUDA (``by_sort``, default: not the CPU) every
+def build_forest(
+    k: Any,
+    points: wp.array,
+    tree: tuple | None,
+    forest: Forest,
+    by_sort: bool | None = None,
+    order: wp.array | None = None,
+) -> tuple:
+    """Build ``forest`` over ``points`` into ``tree`` (as ``build_tree``'s; None and ``order``
+    as there; returns the five arrays). On the CPU one thread per cloud builds its whole tree
+    (``kdtree.build.tree_subtrees``), in its own row of records, as ``build_tree``'s
+    subtrees. On CUDA (``by_sort``, default: not the CPU) every
     level of every tree is split at once by sorting all points (``_split_by_sort``;
     a thread per tree took 5-7 ms for 16 clouds of 1 024 points on an H200), then one thread
     per cloud takes its boxes."""
-    order, sorted_points, lo, hi, min_index = tree
     n, device, count = points.shape[0], points.device, forest.clouds.shape[0]
+    tree = scratch_tree(k, n, device, order, forest) if tree is None else tree
+    order, sorted_points, lo, hi, min_index = tree
     cpu_launch.launch_queries(
         k.tree_init, n, cpu_launch.threads(device, n // 32), [points], [sorted_points, order], device, None
     )
@@ -242,18 +275,19 @@ def build_forest(k: Any, points: wp.array, tree: tuple, forest: Forest, by_sort:
         _split_by_sort(k, sorted_points, order, forest.deepest, device, None, forest.clouds)
         before = [sorted_points, order, forest.clouds]
         cpu_launch.launch_queries(k.forest_boxes, count, 1, before, [lo, hi, min_index], device, None, True)
-        return
+        return tree
     slots = min(count, cpu_launch.all_threads(device))
     room = min(ITEMS_ROOM, forest.biggest) if device.is_cpu else 0
     items = (
         cpu_launch.kept("tree_items", (slots * room,), k.Item, device)
         if room
-        else cpu_launch.nothing((0,), k.Item, device)
+        else cpu_launch.nothing((0,), k.Item, device.alias)
     )
     before = [sorted_points, order, items, forest.clouds]
     cpu_launch.launch_queries(
         k.forest_trees, count, max(slots, 1), before, [lo, hi, min_index], device, None, True, slots
     )
+    return tree
 
 
 def _same(points: wp.array, other: wp.array) -> bool:
@@ -318,7 +352,7 @@ def _split_by_sort(
     keys = wp.empty(2 * n, dtype=k.T, device=device)  # the sorts need room for 2N
     places, nodes, by_node = (wp.empty(2 * n, dtype=wp.int32, device=device) for _ in range(3))
     axes = wp.empty(count << (levels - 1), dtype=wp.int32, device=device)
-    items = cpu_launch.nothing((0,), k.Item, device)  # split_axis reads the points in place
+    items = cpu_launch.nothing((0,), k.Item, device.alias)  # split_axis reads the points in place
     pts_out, order_out = wp.empty_like(pts), wp.empty_like(order)
     with warp_runtime.on_stream(stream):
         for level in range(levels):
