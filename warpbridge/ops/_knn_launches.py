@@ -46,10 +46,10 @@ def small(m: int, n: int) -> bool:
 
 
 @functools.cache
-def _plain_search(k: Any, device: str) -> Any:
+def _plain_search(k: Any, alias: str) -> Any:
     """The Aggregation of a plain search (nothing to aggregate), made once per kernels and
-    device: a struct costs ~7 us to fill, a tenth of a 100-point kNN call."""
-    nothing = cpu_launch.nothing((0, 0), k.T, device)
+    device (its ``alias``): a struct costs ~7 us to fill, a tenth of a 100-point kNN call."""
+    nothing = cpu_launch.nothing((0, 0), k.T, alias)
     return _launches.struct(k.Aggregation, features=nothing, out=nothing, sigma=1.0, inverse_square=0)
 
 

@@ -1,5 +1,6 @@
-"""The kd-tree on the host: its arrays' shapes, its build, its ``Tree`` struct, and the order
-in which a search takes its queries. The kernels are ``kdtree``'s; the launches ``_cpu_launch``'s.
+"""The kd-tree on the host: its arrays' shapes, its build, its ``Tree`` struct, the order in
+which a search takes its queries, and the forest of one tree per cloud a batched search takes
+(``forest_of``). The kernels are ``kdtree``'s; the launches ``_cpu_launch``'s.
 """
 
 from __future__ import annotations
