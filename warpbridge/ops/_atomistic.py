@@ -156,7 +156,9 @@ def _cells(op: str, a: Any, cell: Any, pbc: Any, structures: int, dtype: str) ->
         raise fail(op, f"'pbc' must be a bool, 3 bools or ({structures}, 3) bools, got {describe(pbc)}")
     periodic = np.broadcast_to(periodic, (structures, 3))
     flat = np.abs(np.linalg.det(cells)) <= 1e-12 * np.prod(np.linalg.norm(cells, axis=2), axis=1)
-    for b in np.flatnonzero(flat & periodic.any(1))[:1]:
+    singular = np.flatnonzero(flat & periodic.any(1))
+    if singular.size:
+        b = int(singular[0])
         raise fail(op, f"the cell of structure {b} is singular, but it has periodic axes: {cells[b].tolist()}")
     return cells, periodic
 

@@ -3,11 +3,11 @@ a cutoff through periodic boundaries, in cells of any shape.
 
 Each structure's atoms are binned in fractional coordinates (``ops._cell_grid`` sizes the
 bins, at least a cutoff thick between their lattice planes; ``atoms_to_bins`` sorts the atoms
-into them, one thread for all). One thread per atom walks the bins within ``reach`` of its own, across periodic
-boundaries (a bin past the edge is the same bin one cell over: its shift ``s``), and compares
-with every atom there: ``D = x_j + s @ cell - x_i``, a pair where ``|D|^2 < cutoff^2``. A cell
-thinner than the cutoff has one bin along that axis and a reach of several cells, so every
-image within the cutoff is met once. Each row is sorted by distance (ties in the walk's order:
+into them, one thread for all). One thread per atom walks the bins within ``reach`` of its
+own, across periodic boundaries (a bin past the edge is the same bin one cell over: its shift
+``s``), and compares with every atom there: ``D = x_j + s @ cell - x_i``, a pair where
+``|D|^2 < cutoff^2``. A cell thinner than the cutoff has one bin along that axis and a reach
+of several cells, so every image within the cutoff is met once. Each row is sorted by distance (ties in the walk's order:
 bins in turn, atoms by index within a bin). ``pair_count`` counts each atom's pairs and
 ``pair_fill`` writes them at the atom's row offset; or ``pair_run``, on one thread, writes
 the rows one after the other in atom order, with no count.
